@@ -1,0 +1,107 @@
+"""The LLaDA2 (`llada2_moe`) configuration, read from the real checkpoints' `config.json` keys.
+
+Registered with transformers' AutoConfig so a local folder loads without remote code. Knows nothing of
+weights, tokenizers or decoding.
+"""
+
+from __future__ import annotations
+
+from transformers import AutoConfig, PretrainedConfig
+
+
+class LLaDA2Config(PretrainedConfig):
+    """Defaults are those of LLaDA2.1-mini; every key of the real `config.json` is accepted and
+    unknown ones are kept by `PretrainedConfig` and ignored. `sliding_window` is ignored on purpose:
+    the real implementations never apply it."""
+
+    model_type = "llada2_moe"
+
+    def __init__(
+        self,
+        vocab_size: int = 157184,
+        hidden_size: int = 2048,
+        num_hidden_layers: int = 20,
+        num_attention_heads: int = 16,
+        num_key_value_heads: int = 4,
+        head_dim: int | None = 128,
+        intermediate_size: int = 5120,
+        moe_intermediate_size: int = 512,
+        num_experts: int = 256,
+        num_experts_per_tok: int = 8,
+        num_shared_experts: int = 1,
+        n_group: int = 8,
+        topk_group: int = 4,
+        first_k_dense_replace: int = 1,
+        routed_scaling_factor: float = 2.5,
+        norm_topk_prob: bool = True,
+        score_function: str = "sigmoid",
+        rms_norm_eps: float = 1e-6,
+        rope_theta: float = 600000.0,
+        partial_rotary_factor: float = 0.5,
+        rotary_dim: int | None = None,
+        max_position_embeddings: int = 32768,
+        use_qk_norm: bool = True,
+        use_bias: bool = False,
+        use_qkv_bias: bool = False,
+        tie_word_embeddings: bool = False,
+        mask_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        pad_token_id: int | None = None,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.moe_intermediate_size = moe_intermediate_size
+        self.num_experts = num_experts
+        self.num_experts_per_tok = num_experts_per_tok
+        self.num_shared_experts = num_shared_experts
+        self.n_group = n_group
+        self.topk_group = topk_group
+        self.first_k_dense_replace = first_k_dense_replace
+        self.routed_scaling_factor = routed_scaling_factor
+        self.norm_topk_prob = norm_topk_prob
+        self.score_function = score_function
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_theta = rope_theta
+        self.partial_rotary_factor = partial_rotary_factor
+        self.rotary_dim = rotary_dim or int(self.head_dim * partial_rotary_factor)
+        self.max_position_embeddings = max_position_embeddings
+        self.use_qk_norm = use_qk_norm
+        self.use_bias = use_bias
+        self.use_qkv_bias = use_qkv_bias
+        self.mask_token_id = mask_token_id
+        # Real configs carry `rope_scaling: null`; popped so transformers does not warn about it.
+        self.unsupported_rope_scaling = kwargs.pop("rope_scaling", None)
+        super().__init__(
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
+        )
+
+    def validate_llada(self) -> None:
+        """Raise ValueError naming the key when the numbers cannot form this network."""
+        if self.unsupported_rope_scaling:
+            raise ValueError(f"rope_scaling: {self.unsupported_rope_scaling!r} is not supported (LLaDA2 uses plain RoPE)")
+        if self.use_bias or self.use_qkv_bias:
+            raise ValueError("use_bias/use_qkv_bias: LLaDA2 has no biases; checkpoints with biases are not supported")
+        if self.tie_word_embeddings:
+            raise ValueError("tie_word_embeddings: LLaDA2 has an untied lm_head")
+        if self.score_function != "sigmoid":
+            raise ValueError(f"score_function: only 'sigmoid' routing is supported, got {self.score_function!r}")
+        if self.num_experts % self.n_group:
+            raise ValueError(f"n_group: {self.n_group} does not divide num_experts {self.num_experts}")
+        if self.topk_group > self.n_group:
+            raise ValueError(f"topk_group: {self.topk_group} > n_group {self.n_group}")
+        if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise ValueError(f"rotary_dim: {self.rotary_dim} must be even and <= head_dim {self.head_dim}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_key_value_heads must divide num_attention_heads")
+
+
+AutoConfig.register(LLaDA2Config.model_type, LLaDA2Config, exist_ok=True)

@@ -1,0 +1,284 @@
+"""The LLaDA2 (`llada2_moe`) network in plain PyTorch: block-causal attention over an optional block
+KV cache, a group-limited sigmoid-routed MoE, unshifted logits.
+
+Knows nothing of decoding policy, tokenizers or documents. Shape legend: B batch, T query tokens,
+S key tokens, H query heads, K kv heads, D head dim, C hidden, E experts, A experts per token,
+I expert width, V vocab.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import LLaDA2Config
+
+try:  # optional CUDA fast path, chosen at run time
+    from flash_attn import flash_attn_func
+except ImportError:  # pragma: no cover - depends on the machine
+    flash_attn_func = None
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Norms, the router and RoPE run in at least float32 (bf16 in, fp32 math; fp64 stays fp64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def block_causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, block_size: int) -> torch.Tensor:
+    """allow[i, j] = key j is in the same or an earlier block than query i.  # [T, S] bool"""
+    return (k_pos[None, :] // block_size) <= (q_pos[:, None] // block_size)
+
+
+class BlockKVCache:
+    """Preallocated keys/values of every layer for one sequence. The network writes the K/V of the
+    tokens it runs at their absolute positions; the engine decides which prefix is valid."""
+
+    def __init__(self, config: LLaDA2Config, max_len: int, device, dtype, batch: int = 1):
+        shape = (config.num_hidden_layers, batch, config.num_key_value_heads, max_len, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)  # [L, B, K, S, D]
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(compute_dtype(x.dtype))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables for half-split rotation of the first `rotary_dim` dims.  # [..., T, rotary_dim]"""
+    ct = compute_dtype(dtype)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, device=positions.device, dtype=ct) / rotary_dim))
+    angles = positions.to(ct)[..., None] * inv_freq
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, D]; rotates dims [0, r) in half-split pairs (k, k + r/2); the rest pass through."""
+    r = cos.shape[-1]
+    x_rot, x_pass = x[..., :r], x[..., r:]
+    x1, x2 = x_rot[..., : r // 2], x_rot[..., r // 2 :]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LLaDA2Config, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.query_key_value = nn.Linear(config.hidden_size, (self.n_head + 2 * self.n_kv) * self.head_dim, bias=False)
+        self.query_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.key_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.dense = nn.Linear(self.n_head * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, allow, cache: BlockKVCache | None, start: int):
+        B, T, _ = x.shape
+        qkv = self.query_key_value(x).view(B, T, self.n_head + 2 * self.n_kv, self.head_dim)
+        q, k, v = qkv.split([self.n_head, self.n_kv, self.n_kv], dim=2)
+        q = apply_rope(self.query_layernorm(q).transpose(1, 2), cos, sin)  # [B, H, T, D]
+        k = apply_rope(self.key_layernorm(k).transpose(1, 2), cos, sin)  # [B, K, T, D]
+        v = v.transpose(1, 2)
+        if cache is not None:
+            # Hazard: the K/V written here are those of the tokens *as run now*; a block whose tokens
+            # change afterwards must be run again before a later block may attend to it.
+            cache.k[self.layer_idx, :, :, start : start + T] = k
+            cache.v[self.layer_idx, :, :, start : start + T] = v
+            k = cache.k[self.layer_idx, :, :, : start + T]
+            v = cache.v[self.layer_idx, :, :, : start + T]
+        if allow is None and flash_attn_func is not None and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
+            out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=False)
+            out = out.reshape(B, T, -1)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allow, enable_gqa=self.n_kv != self.n_head)
+            out = out.transpose(1, 2).reshape(B, T, -1)
+        return self.dense(out)
+
+
+class MLP(nn.Module):
+    """SwiGLU: the dense layer 0 and the shared experts."""
+
+    def __init__(self, hidden: int, inner: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """Sigmoid scores; `expert_bias` only chooses (group-limited top-k), the unbiased scores weigh."""
+
+    def __init__(self, config: LLaDA2Config):
+        super().__init__()
+        self.top_k, self.n_group, self.topk_group = config.num_experts_per_tok, config.n_group, config.topk_group
+        self.scale, self.normalise = config.routed_scaling_factor, config.norm_topk_prob
+        self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
+        self.expert_bias = nn.Parameter(torch.zeros(config.num_experts), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, C] -> expert ids [N, A], weights [N, A] (x's dtype)."""
+        ct = compute_dtype(x.dtype)
+        scores = torch.sigmoid(F.linear(x.to(ct), self.weight.to(ct)))  # [N, E]
+        biased = scores.detach() + self.expert_bias.to(ct)
+        N, E = biased.shape
+        grouped = biased.view(N, self.n_group, E // self.n_group)
+        group_score = grouped.topk(min(2, E // self.n_group), dim=-1).values.sum(-1)  # [N, G]
+        kept = group_score.topk(self.topk_group, dim=-1).indices
+        group_ok = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, kept, True)
+        biased = biased.masked_fill(~group_ok.repeat_interleave(E // self.n_group, dim=1), float("-inf"))
+        expert_ids = biased.topk(self.top_k, dim=-1).indices  # [N, A]
+        weights = scores.gather(1, expert_ids)
+        if self.normalise:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return expert_ids, (weights * self.scale).to(x.dtype)
+
+
+class Experts(nn.Module):
+    """All routed experts' SwiGLU weights stacked, so a small block can run them densely."""
+
+    def __init__(self, n_experts: int, hidden: int, inner: int):
+        super().__init__()
+        self.w_gate = nn.Parameter(torch.empty(n_experts, inner, hidden))  # [E, I, C]
+        self.w_up = nn.Parameter(torch.empty(n_experts, inner, hidden))  # [E, I, C]
+        self.w_down = nn.Parameter(torch.empty(n_experts, hidden, inner))  # [E, C, I]
+
+    def dense(self, x, expert_ids, weights):
+        """Every expert on every token, weighted by a mostly-zero [N, E] table: static shapes and no
+        host sync, cheapest when N is one block (most experts are touched anyway)."""
+        table = torch.zeros(x.shape[0], self.w_gate.shape[0], dtype=x.dtype, device=x.device)
+        table.scatter_(1, expert_ids, weights)  # [N, E]
+        g = torch.einsum("nc,eic->nei", x, self.w_gate)
+        u = torch.einsum("nc,eic->nei", x, self.w_up)
+        h = F.silu(g) * u * table[..., None]
+        return torch.einsum("nei,eci->nc", h, self.w_down)
+
+    def sparse(self, x, expert_ids, weights):
+        """Tokens grouped by expert; one matmul chain per expert that has tokens."""
+        N, A = expert_ids.shape
+        flat = expert_ids.flatten()
+        order = flat.argsort(stable=True)
+        counts = torch.bincount(flat, minlength=self.w_gate.shape[0]).tolist()
+        token_of = order // A
+        w_sorted = weights.flatten()[order]
+        out = torch.zeros_like(x)
+        offset = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            idx = token_of[offset : offset + n]
+            xe = x[idx]
+            h = F.silu(xe @ self.w_gate[e].T) * (xe @ self.w_up[e].T)
+            out.index_add_(0, idx, (h @ self.w_down[e].T) * w_sorted[offset : offset + n, None])
+            offset += n
+        return out
+
+
+class SparseMoE(nn.Module):
+    # Blocks of at most this many tokens run all experts densely when on a GPU; see Experts.dense.
+    dense_max_tokens = 64
+
+    def __init__(self, config: LLaDA2Config):
+        super().__init__()
+        self.gate = Router(config)
+        self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
+        self.shared_experts = (
+            MLP(config.hidden_size, config.moe_intermediate_size * config.num_shared_experts)
+            if config.num_shared_experts
+            else None
+        )
+        self.force: str | None = None  # "dense" / "sparse" for tests and benchmarks; None = auto
+
+    def forward(self, x):
+        B, T, C = x.shape
+        flat = x.reshape(B * T, C)
+        expert_ids, weights = self.gate(flat)
+        if self.training:  # per-expert load, read by the training loop's bias balancing
+            self.load = torch.bincount(expert_ids.flatten(), minlength=self.experts.w_gate.shape[0])
+        mode = self.force or ("dense" if x.is_cuda and B * T <= self.dense_max_tokens else "sparse")
+        out = getattr(self.experts, mode)(flat, expert_ids, weights)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)
+        return out.view(B, T, C)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LLaDA2Config, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attention = Attention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        dense = layer_idx < config.first_k_dense_replace
+        self.mlp = MLP(config.hidden_size, config.intermediate_size) if dense else SparseMoE(config)
+
+    def forward(self, x, cos, sin, allow, cache, start):
+        x = x + self.attention(self.input_layernorm(x), cos, sin, allow, cache, start)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LLaDA2Backbone(nn.Module):
+    def __init__(self, config: LLaDA2Config):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LLaDA2(nn.Module):
+    """`model(ids)` gives unshifted logits: row i predicts the token at position i."""
+
+    def __init__(self, config: LLaDA2Config):
+        super().__init__()
+        config.validate_llada()
+        self.config = config
+        self.model = LLaDA2Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        positions: torch.Tensor | None = None,  # [T]; default start..start+T-1
+        allow: torch.Tensor | None = None,  # [T, S] or [B, 1, T, S] bool; default block-causal
+        cache: BlockKVCache | None = None,
+        start: int = 0,
+        block_size: int = 32,
+        last_n: int | None = None,  # logits only for the last n rows (0: none, for a prefill)
+    ) -> torch.Tensor | None:
+        B, T = input_ids.shape
+        if positions is None:
+            positions = torch.arange(start, start + T, device=input_ids.device)
+        if allow is None and (cache is None or start // block_size != (start + T - 1) // block_size):
+            keys = torch.arange(start + T, device=input_ids.device) if cache is not None else positions
+            allow = block_causal_mask(positions, keys, block_size)
+        # allow stays None when the queries are one block whose every key is visible: the fast path.
+        cos, sin = rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta, self.dtype)
+        x = self.model.word_embeddings(input_ids)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, allow, cache, start)
+        if last_n == 0:
+            return None
+        if last_n is not None:
+            x = x[:, -last_n:]
+        return self.lm_head(self.model.norm(x))

@@ -1,0 +1,220 @@
+"""Loading and saving LLaDA2 checkpoints: a local folder or a Hugging Face cache entry, offline only.
+
+Owns the weight-name mapping between the checkpoint and the network. Never runs remote code and never
+touches the network. Knows nothing of decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import AutoConfig
+
+from .config import LLaDA2Config
+from .llada2 import LLaDA2, compute_dtype
+
+DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "float64": torch.float64, "fp64": torch.float64,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}  # fmt: skip
+
+# Routed experts are stored one tensor per expert; the network stacks them (see llada2.Experts).
+EXPERT_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+STACKED_NAME = {"gate_proj": "w_gate", "up_proj": "w_up", "down_proj": "w_down"}
+
+
+EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "data" / "tiny"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message names the file, key or tensor."""
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype is None:  # bf16 where it is fast, fp32 on the CPU
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise CheckpointError(f"unknown dtype {dtype!r}; choose one of {', '.join(sorted(DTYPES))}")
+    return DTYPES[dtype]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise CheckpointError(f"unknown device {device!r}: {err}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CheckpointError(f"device {device} requested but CUDA is not available on this machine")
+    return device
+
+
+def resolve_path(path: str | Path | None) -> Path:
+    """A local folder, or a Hugging Face id found in the local cache (never downloaded); None is the
+    embedded model shipped inside the package."""
+    if path is None:
+        return EMBEDDED_MODEL
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return local
+    if local.exists():
+        raise CheckpointError(f"{local}: not a folder (a model is a folder with config.json and weights)")
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", str(path)):
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        try:
+            return Path(snapshot_download(str(path), local_files_only=True))
+        except LocalEntryNotFoundError:
+            raise CheckpointError(
+                f"{path}: no such folder, and not in the local Hugging Face cache (nothing is downloaded)"
+            ) from None
+    raise CheckpointError(f"{path}: no such model folder")
+
+
+def load_config(folder: Path) -> LLaDA2Config:
+    file = folder / "config.json"
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing")
+    try:
+        raw = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{file}: not valid JSON ({err})") from None
+    if raw.get("model_type") != LLaDA2Config.model_type:
+        raise CheckpointError(f"{file}: model_type is {raw.get('model_type')!r}, expected 'llada2_moe'")
+    config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    try:
+        config.validate_llada()
+    except ValueError as err:
+        raise CheckpointError(f"{file}: {err}") from None
+    return config
+
+
+def weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        for shard in shards:
+            if not (folder / shard).is_file():
+                raise CheckpointError(f"{folder / shard}: shard listed in {index.name} is missing")
+        return [folder / s for s in shards]
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise CheckpointError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+
+
+def from_checkpoint_names(tensors: dict[str, torch.Tensor], config: LLaDA2Config) -> dict[str, torch.Tensor]:
+    """Checkpoint names -> network names: stacks the per-expert tensors of each layer."""
+    out, experts = {}, {}
+    for name, tensor in tensors.items():
+        m = EXPERT_KEY.match(name)
+        if m:
+            experts.setdefault((m[1], m[3]), {})[int(m[2])] = tensor
+        else:
+            out[name] = tensor
+    for (prefix, proj), per_expert in experts.items():
+        missing = sorted(set(range(config.num_experts)) - set(per_expert))
+        if missing:
+            raise CheckpointError(f"{prefix}.{missing[0]}.{proj}.weight: missing from the checkpoint")
+        out[f"{prefix}.{STACKED_NAME[proj]}"] = torch.stack([per_expert[e] for e in range(config.num_experts)])
+    return out
+
+
+def to_checkpoint_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Network names -> checkpoint names (the inverse of from_checkpoint_names)."""
+    out = {}
+    inverse = {v: k for k, v in STACKED_NAME.items()}
+    for name, tensor in state.items():
+        prefix, _, leaf = name.rpartition(".")
+        if leaf in inverse and prefix.endswith(".mlp.experts"):
+            for e in range(tensor.shape[0]):
+                out[f"{prefix}.{e}.{inverse[leaf]}.weight"] = tensor[e].contiguous()
+        else:
+            out[name] = tensor.contiguous()
+    return out
+
+
+def tensor_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """The expert bias only ranks experts; bf16 would reorder near-ties, so it stays in >= fp32."""
+    return compute_dtype(dtype) if name.endswith("expert_bias") else dtype
+
+
+def load_model(
+    path: str | Path | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> LLaDA2:
+    """Build on the meta device, then assign the checkpoint's tensors (cast to `dtype` on `device`).
+
+    `config.mask_token_id` / `eos_token_id` are filled from the tokenizer when the config lacks them.
+    """
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
+    folder = resolve_path(path)
+    config = load_config(folder)
+    with torch.device("meta"):
+        model = LLaDA2(config)
+    expected = model.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    for file in weight_files(folder):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                tensors[key] = f.get_tensor(key)
+    state = from_checkpoint_names(tensors, config)
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise CheckpointError(f"{folder}: tensor {missing[0]} missing from the checkpoint ({len(missing)} missing)")
+    for name, want in expected.items():
+        if tuple(state[name].shape) != tuple(want.shape):
+            raise CheckpointError(
+                f"{folder}: tensor {name} has shape {tuple(state[name].shape)}, config.json implies {tuple(want.shape)}"
+            )
+    # Unexpected extra tensors (e.g. rotary caches some exporters write) are ignored, like extra config keys.
+    model.load_state_dict({k: state[k].to(device=device, dtype=tensor_dtype(k, dtype)) for k in expected}, assign=True)
+    model.eval().requires_grad_(False)
+    fill_special_ids(model.config, folder)
+    return model
+
+
+def fill_special_ids(config: LLaDA2Config, folder: Path) -> None:
+    if config.mask_token_id is not None and config.eos_token_id is not None:
+        return
+    tokenizer = load_tokenizer(folder)
+    if tokenizer is None:
+        return
+    if config.mask_token_id is None:
+        mask = tokenizer.convert_tokens_to_ids("<|mask|>")
+        config.mask_token_id = mask if mask != tokenizer.unk_token_id else None
+    if config.eos_token_id is None:
+        config.eos_token_id = tokenizer.eos_token_id
+
+
+def load_tokenizer(path: str | Path | None = None):
+    """The checkpoint's tokenizer through AutoTokenizer (no remote code), or None if it has none."""
+    folder = resolve_path(path)
+    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+
+
+def save_model(model: LLaDA2, folder: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """Write config.json + model.safetensors under the real checkpoint names."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu", tensor_dtype(k, dtype)) for k, v in model.state_dict().items()}
+    save_file(to_checkpoint_names(state), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    model.config.torch_dtype = str(dtype).removeprefix("torch.")
+    model.config.save_pretrained(folder)
