@@ -1,0 +1,1 @@
+"""Training the embedded model: corpus, tokenizer, the block-diffusion objective and the loop."""

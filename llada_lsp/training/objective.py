@@ -1,0 +1,167 @@
+"""The training data and objective of the embedded model.
+
+Samples: windows of source files, most turned into fill-in-the-middle layouts
+(`<|fim_prefix|>` prefix `<|fim_suffix|>` suffix `<|fim_middle|>` middle `<|endoftext|>`) with holes of
+the kinds an editor asks for, packed into sequences of the full context length.
+Objective (block diffusion, as LLaDA2.x): each block of the sequence is noised with its own ratio and
+denoised given the clean earlier blocks; the clean copy runs beside the noisy one (clean first, so the
+logits of the noisy half are the last rows). Editing noise replaces some visible tokens with tokens drawn
+from the batch, labelled with the original, so token-to-token editing is learned.
+"""
+
+from __future__ import annotations
+
+import random
+import torch
+
+from ..prompting import SpecialIds, fim_ids
+
+HOLE_KINDS = ("rest_of_line", "whole_line", "block_body", "span", "plain")
+HOLE_WEIGHTS = (0.30, 0.20, 0.20, 0.10, 0.20)
+
+
+def find_block_bodies(lines: list[str]) -> list[tuple[int, int]]:
+    """(first, end) line ranges of indented bodies that follow a line ending with ':'."""
+    bodies = []
+    for i, line in enumerate(lines[:-1]):
+        if not line.rstrip().endswith(":"):
+            continue
+        head = len(line) - len(line.lstrip())
+        j = i + 1
+        while j < len(lines) and (not lines[j].strip() or len(lines[j]) - len(lines[j].lstrip()) > head):
+            j += 1
+        while j > i + 1 and not lines[j - 1].strip():
+            j -= 1
+        if j > i + 1 and j - i - 1 <= 12:
+            bodies.append((i + 1, j))
+    return bodies
+
+
+def cut_hole(text: str, kind: str, rng: random.Random) -> tuple[str, str, str] | None:
+    """(prefix, middle, suffix) with prefix + middle + suffix == text, or None if no such hole."""
+    lines = text.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    code_lines = [i for i, line in enumerate(lines) if len(line.strip()) >= 2]
+    if not code_lines:
+        return None
+    if kind == "rest_of_line":  # cursor inside the line's code; the newline stays in the suffix
+        i = rng.choice(code_lines)
+        line = lines[i].rstrip("\r\n")
+        indent = len(line) - len(line.lstrip())
+        if len(line) - indent < 2:
+            return None
+        col = rng.randint(indent + 1, len(line) - 1)
+        a, b = starts[i] + col, starts[i] + len(line)
+    elif kind == "whole_line":  # cursor after the indentation of a line
+        i = rng.choice(code_lines)
+        line = lines[i].rstrip("\r\n")
+        a, b = starts[i] + len(line) - len(line.lstrip()), starts[i] + len(line)
+    elif kind == "block_body":
+        bodies = find_block_bodies(lines)
+        if not bodies:
+            return None
+        first, end = rng.choice(bodies)
+        first_line = lines[first]
+        a = starts[first] + len(first_line) - len(first_line.lstrip())
+        b = starts[end] - (1 if lines[end - 1].endswith("\n") else 0)
+    elif kind == "span":
+        a = rng.randrange(len(text))
+        b = min(len(text), a + rng.randint(1, 200))
+    else:
+        return None
+    return text[:a], text[a:b], text[b:]
+
+
+class SampleStream:
+    """Endless stream of token ids from the training files, samples separated by EOS."""
+
+    def __init__(self, texts: list[str], tokenizer, seed: int, window_chars: int = 1400):
+        self.texts, self.tok, self.window = texts, tokenizer, window_chars
+        self.rng = random.Random(seed)
+        self.special = SpecialIds.from_tokenizer(tokenizer)
+        self.weights = [len(t) for t in texts]
+
+    def encode(self, s: str) -> list[int]:
+        return self.tok(s, add_special_tokens=False)["input_ids"] if s else []
+
+    def sample(self) -> list[int]:
+        text = self.rng.choices(self.texts, weights=self.weights)[0]
+        if len(text) > self.window:
+            start = self.rng.randrange(len(text) - self.window)
+            start = text.rfind("\n", 0, start) + 1  # windows start at a line start
+            text = text[start : start + self.window]
+        kind = self.rng.choices(HOLE_KINDS, weights=HOLE_WEIGHTS)[0]
+        hole = cut_hole(text, kind, self.rng) if kind != "plain" else None
+        if hole is None:
+            return self.encode(text) + [self.special.eos]
+        prefix, middle, suffix = hole
+        if self.rng.random() < 0.5:  # the editor keeps only some context: train on short sides too
+            prefix = prefix[-self.rng.randint(0, len(prefix)) :] if prefix else prefix
+            suffix = suffix[: self.rng.randint(0, len(suffix))]
+        ids = fim_ids(self.encode(prefix), self.encode(suffix), self.encode(middle), self.special)
+        return ids + [self.special.eos]
+
+    def sequences(self, length: int):
+        """Packed sequences of exactly `length` ids."""
+        buf: list[int] = []
+        while True:
+            while len(buf) < length:
+                buf.extend(self.sample())
+            yield buf[:length]
+            buf = buf[length:]
+
+
+def training_mask(length: int, block: int) -> torch.Tensor:
+    """[2L, 2L] bool for the layout [clean | noisy]: clean attends clean blocks <= its own; noisy
+    attends clean blocks < its own and its own noisy block."""
+    b = torch.arange(length) // block
+    clean_clean = b[None, :] <= b[:, None]
+    noisy_clean = b[None, :] < b[:, None]
+    noisy_noisy = b[None, :] == b[:, None]
+    top = torch.cat([clean_clean, torch.zeros_like(clean_clean)], dim=1)
+    bottom = torch.cat([noisy_clean, noisy_noisy], dim=1)
+    return torch.cat([top, bottom], dim=0)
+
+
+def noise_batch(
+    x: torch.Tensor, block: int, mask_id: int, edit_ratio: float, keep_weight: float, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [B, L] -> (noisy [B, L], loss weights [B, L]).
+
+    Per block a ratio t ~ U(0.05, 1): each position is masked with probability t. Of the rest, a share
+    `edit_ratio * t` is replaced by tokens drawn from the batch. Masked and replaced positions carry
+    weight 1; kept positions carry `keep_weight`, which teaches the model that a correct token stays
+    (without it the argmax at visible positions is untrained, and speed mode, which always follows the
+    argmax, would rewrite correct tokens).
+    """
+    B, L = x.shape
+    n_blocks = L // block
+    t = torch.rand(B, n_blocks, 1, generator=gen).mul(0.95).add(0.05).expand(B, n_blocks, block).reshape(B, L)
+    u = torch.rand(B, L, generator=gen)
+    masked = u < t
+    replaced = ~masked & (torch.rand(B, L, generator=gen) < edit_ratio * t)
+    donors = x.flatten()[torch.randint(0, B * L, (B, L), generator=gen)]
+    noisy = torch.where(masked, torch.full_like(x, mask_id), torch.where(replaced, donors, x))
+    replaced = replaced & (donors != x)
+    weights = torch.where(masked | replaced, 1.0, keep_weight)
+    return noisy, weights
+
+
+def block_diffusion_loss(model, x: torch.Tensor, mask_id: int, block: int, edit_ratio: float, keep_weight: float,
+                         allow: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
+    B, L = x.shape
+    noisy, weights = noise_batch(x, block, mask_id, edit_ratio, keep_weight, gen)
+    positions = torch.arange(L).repeat(2)
+    logits = model(torch.cat([x, noisy], dim=1), positions=positions, allow=allow, last_n=L)  # [B, L, V]
+    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x.flatten(), reduction="none").view(B, L)
+    loss = (nll * weights).sum() / weights.sum()
+    with torch.no_grad():
+        is_mask = noisy == mask_id
+        stats = {
+            "mask_loss": (nll[is_mask].mean().item() if is_mask.any() else 0.0),
+            "mask_acc": ((logits.argmax(-1) == x)[is_mask].float().mean().item() if is_mask.any() else 0.0),
+        }
+    return loss, stats
+
