@@ -1,0 +1,376 @@
+/** Entry point: starts llada-lsp (or connects to a running one) and wires the client to the ghost-text
+ *  drafts, the reviewed rewrites, the status bar and the commands. The wired pieces know nothing of each other. */
+import { randomUUID } from 'crypto';
+import * as net from 'net';
+import * as vscode from 'vscode';
+import {
+    CancellationToken, ClientCapabilities, DidChangeConfigurationNotification, ExecuteCommandRequest, LanguageClient,
+    LanguageClientOptions, LSPErrorCodes, ProgressToken, ServerOptions, State, StaticFeature, StreamInfo, TransportKind,
+    WorkDoneProgress, WorkDoneProgressCreateRequest,
+} from 'vscode-languageclient/node';
+import { Draft, DRAFT_METHOD } from './drafts';
+import { InlineCompletions } from './inline';
+import { DISCARDED, EditReview } from './review';
+import {
+    LladaSettings, parseTcpAddress, readSettings, RESTART_KEYS, SECTION, ServerSettings, toggleInlineMode,
+    toInitializationOptions,
+} from './settings';
+import { ServerStatus, StatusIndicator } from './status';
+import { TraceChannel } from './trace';
+
+const REWRITE_COMMAND = 'llada.rewriteSelection';
+const TOGGLE_COMMAND = 'llada.toggleMode';
+const RESTART_COMMAND = 'llada.restartServer';
+const SERVER_STATUS_COMMAND = 'llada.status';
+/** Commands the server advertises that this extension registers itself, adding the editor's state. */
+const OWN_SERVER_COMMANDS = new Set([REWRITE_COMMAND]);
+const STATUS_POLL_MS = 2000;
+
+/** The server's answer to `llada.rewriteSelection` (docs/protocol.md). */
+interface RewriteResult {
+    applied: boolean;
+    text: string;
+    reason?: string;
+}
+
+/** The parts of the extension that outlive a server restart. */
+interface Shared {
+    status: StatusIndicator;
+    review: EditReview;
+    output: vscode.LogOutputChannel;
+    trace: TraceChannel;
+}
+
+// VS Code calls deactivate() without the context, so the running extension has to be found here.
+let extension: LladaExtension | undefined;
+
+export function activate(context: vscode.ExtensionContext): void {
+    extension = new LladaExtension();
+    context.subscriptions.push(extension);
+    // Not awaited: activation should not wait for the server's initialize answer.
+    void extension.restart();
+}
+
+export function deactivate(): Thenable<void> | undefined {
+    const stopping = extension?.stop();
+    extension = undefined;
+    return stopping;
+}
+
+class LladaExtension implements vscode.Disposable {
+    private readonly shared: Shared;
+    private readonly disposables: vscode.Disposable[];
+    private session: Session | undefined;
+    private stopped = false;
+    /** Restarts and stops run one after another, so two sessions never race for the server's commands. */
+    private queue: Promise<void> = Promise.resolve();
+
+    constructor() {
+        this.shared = {
+            status: new StatusIndicator(TOGGLE_COMMAND),
+            review: new EditReview(),
+            output: vscode.window.createOutputChannel('LLaDA', { log: true }),
+            trace: new TraceChannel('LLaDA Trace', () => vscode.workspace.getConfiguration(SECTION).get('trace.server', 'off')),
+        };
+        this.disposables = [
+            this.shared.status, this.shared.review, this.shared.output, this.shared.trace,
+            vscode.commands.registerCommand(REWRITE_COMMAND, (options?: { instruction?: string }) => this.rewriteSelection(options)),
+            vscode.commands.registerCommand(TOGGLE_COMMAND, () => toggleInlineMode(vscode.workspace.getConfiguration(SECTION))),
+            vscode.commands.registerCommand(RESTART_COMMAND, () => this.restart()),
+            vscode.workspace.onDidChangeConfiguration((event) => this.configurationChanged(event)),
+        ];
+    }
+
+    restart(): Promise<void> {
+        return this.serialized(async () => {
+            await this.stopSession();
+            if (this.stopped) {
+                return;
+            }
+            const settings = readSettings(vscode.workspace.getConfiguration(SECTION));
+            this.shared.status.setInlineMode(settings.inlineMode);
+            this.session = new Session(settings, this.shared);
+            await this.session.start();
+        });
+    }
+
+    /** Stops the server for good; returns the client's stop(). */
+    stop(): Promise<void> {
+        this.stopped = true;
+        return this.serialized(() => this.stopSession());
+    }
+
+    dispose(): void {
+        void this.stop();
+        this.disposables.forEach((d) => d.dispose());
+    }
+
+    /** Failures are logged here, so callers may drop the promise. */
+    private serialized(work: () => Promise<void>): Promise<void> {
+        this.queue = this.queue.then(work).catch((error: Error) => this.shared.output.error('Restarting or stopping llada-lsp failed', error));
+        return this.queue;
+    }
+
+    private async stopSession(): Promise<void> {
+        const session = this.session;
+        this.session = undefined;
+        await session?.stop();
+    }
+
+    private configurationChanged(event: vscode.ConfigurationChangeEvent): void {
+        if (!event.affectsConfiguration(SECTION)) {
+            return;
+        }
+        this.shared.trace.refresh();
+        if (RESTART_KEYS.some((key) => event.affectsConfiguration(`${SECTION}.${key}`))) {
+            void this.restart();
+            return;
+        }
+        const settings = readSettings(vscode.workspace.getConfiguration(SECTION));
+        this.shared.status.setInlineMode(settings.inlineMode);
+        this.session?.sendSettings(settings);
+    }
+
+    private async rewriteSelection(options?: { instruction?: string }): Promise<void> {
+        const editor = vscode.window.activeTextEditor;
+        const session = this.session;
+        if (session === undefined || !session.client.isRunning()) {
+            void vscode.window.showWarningMessage('llada-lsp is not running; see the "LLaDA" output.');
+            return;
+        }
+        if (editor === undefined || editor.selection.isEmpty) {
+            void vscode.window.showInformationMessage('Select the code to rewrite first.');
+            return;
+        }
+        const instruction = options?.instruction ?? await vscode.window.showInputBox({
+            title: 'LLaDA: Rewrite Selection',
+            prompt: 'How should the selection change? Leave empty to let the model improve it.',
+            placeHolder: 'e.g. add type hints',
+        });
+        if (instruction === undefined) {
+            return;
+        }
+        try {
+            const result = await session.rewrite(editor, instruction.trim());
+            // A discarded proposal needs no message; any other reason is news to the user.
+            if (result?.applied === false && result.reason !== undefined && result.reason !== DISCARDED) {
+                void vscode.window.showWarningMessage(`LLaDA: the rewrite was not applied: ${result.reason}`);
+            }
+        } catch (error) {
+            if ((error as { code?: number }).code !== LSPErrorCodes.RequestCancelled) {
+                void vscode.window.showErrorMessage(`LLaDA rewrite failed: ${(error as Error).message}`);
+            }
+        }
+    }
+}
+
+/** One server process or connection, with every listener that belongs to it; stop() ends both. */
+class Session {
+    readonly client: LanguageClient;
+    private readonly inline: InlineCompletions;
+    private readonly disposables: vscode.Disposable[] = [];
+    private started: Promise<void> = Promise.resolve();
+    private pollTimer: NodeJS.Timeout | undefined;
+    private stopped = false;
+
+    constructor(settings: LladaSettings, private readonly shared: Shared) {
+        const { status, review } = shared;
+        this.inline = new InlineCompletions(
+            {
+                started: () => status.requestStarted(),
+                settled: (latencyMs) => {
+                    status.requestSettled(latencyMs);
+                    // An answer means the model is loaded, even if no progress said so.
+                    if (latencyMs !== undefined && status.state !== 'ready') {
+                        void this.refreshStatus();
+                    }
+                },
+            },
+            (uri) => this.client.code2ProtocolConverter.asUri(uri),
+        );
+        const clientOptions: LanguageClientOptions = {
+            documentSelector: [{ scheme: 'file' }, { scheme: 'untitled' }],
+            initializationOptions: toInitializationOptions(settings),
+            outputChannel: shared.output,
+            traceOutputChannel: shared.trace,
+            middleware: {
+                provideInlineCompletionItems: this.inline.provide,
+                // VS Code shows completions as ghost text; the server's completion fallback would run the
+                // model a second time per keystroke and supersede the inline request.
+                provideCompletionItem: () => undefined,
+                workspace: {
+                    handleApplyEdit: (params, next) => review.review(params, (p) => next(p, CancellationToken.None)),
+                },
+            },
+        };
+        // The id "llada" makes the client read llada.trace.server itself.
+        this.client = new LanguageClient('llada', 'LLaDA', serverOptions(settings.server), clientOptions);
+        this.client.registerFeature(new LladaFeature(this));
+        this.keepOwnCommands();
+        this.disposables.push(
+            this.client.onDidChangeState((event) => {
+                if (event.newState === State.Running) {
+                    void this.refreshStatus();
+                } else if (event.newState === State.Stopped && status.state !== 'error') {
+                    status.setState('stopped');
+                }
+            }),
+            this.client.onNotification(DRAFT_METHOD, (draft: Draft) => {
+                this.inline.receive(draft, vscode.window.activeTextEditor);
+            }),
+            vscode.workspace.onDidChangeTextDocument((event) => {
+                if (event.contentChanges.length > 0) {
+                    this.inline.cancel(this.client.code2ProtocolConverter.asUri(event.document.uri));
+                }
+            }),
+            vscode.window.onDidChangeTextEditorSelection((event) =>
+                this.inline.cursorMoved(this.client.code2ProtocolConverter.asUri(event.textEditor.document.uri), event.selections[0].active)),
+            vscode.workspace.onDidCloseTextDocument((document) =>
+                this.inline.forget(this.client.code2ProtocolConverter.asUri(document.uri))),
+        );
+    }
+
+    start(): Promise<void> {
+        this.shared.status.setState('starting');
+        // The client has already shown the failure in a message; the status item keeps the reason.
+        this.started = this.client.start().catch((error: unknown) => {
+            this.shared.status.setState('error', error instanceof Error ? error.message : 'see the "LLaDA" output');
+        });
+        return this.started;
+    }
+
+    /** Disposes the session's listeners and returns the client's stop(). */
+    async stop(): Promise<void> {
+        this.stopped = true;
+        clearTimeout(this.pollTimer);
+        this.inline.cancel();
+        this.disposables.forEach((d) => d.dispose());
+        // A client that is still starting cannot be stopped.
+        await this.started;
+        if (this.client.needsStop()) {
+            return this.client.stop();
+        }
+    }
+
+    sendSettings(settings: LladaSettings): void {
+        if (this.client.isRunning()) {
+            void this.client.sendNotification(DidChangeConfigurationNotification.type, {
+                settings: { [SECTION]: toInitializationOptions(settings) },
+            });
+        }
+    }
+
+    async rewrite(editor: vscode.TextEditor, instruction: string): Promise<RewriteResult | null> {
+        const c2p = this.client.code2ProtocolConverter;
+        const argument = {
+            textDocument: { uri: c2p.asUri(editor.document.uri), version: editor.document.version },
+            range: c2p.asRange(editor.selection),
+            ...(instruction === '' ? {} : { instruction }),
+        };
+        const workDoneToken = randomUUID();
+        return vscode.window.withProgress(
+            { location: vscode.ProgressLocation.Notification, title: 'LLaDA: rewriting the selection', cancellable: true },
+            async (progress, token) => {
+                const listener = this.client.onProgress(WorkDoneProgress.type, workDoneToken, (value) => {
+                    if (value.kind !== 'end' && value.message !== undefined) {
+                        progress.report({ message: value.message });
+                    }
+                });
+                try {
+                    return await this.client.sendRequest(ExecuteCommandRequest.type,
+                        { command: REWRITE_COMMAND, arguments: [argument], workDoneToken }, token) as RewriteResult | null;
+                } finally {
+                    listener.dispose();
+                }
+            });
+    }
+
+    /** Server-created work-done progress (the model load) is shown in the status bar item. */
+    watchProgress(token: ProgressToken): void {
+        let title = '';
+        const listener = this.client.onProgress(WorkDoneProgress.type, token, (value) => {
+            if (value.kind === 'begin') {
+                title = value.title;
+            }
+            if (value.kind === 'end') {
+                listener.dispose();
+                this.shared.status.setProgress(undefined);
+                void this.refreshStatus();
+                return;
+            }
+            const percentage = value.percentage === undefined ? '' : ` ${Math.round(value.percentage)}%`;
+            this.shared.status.setProgress(`${value.message ?? title}${percentage}`);
+        });
+        this.disposables.push(listener);
+    }
+
+    private async refreshStatus(): Promise<void> {
+        if (this.stopped || !this.client.isRunning()) {
+            return;
+        }
+        clearTimeout(this.pollTimer);
+        try {
+            const status = await this.client.sendRequest(ExecuteCommandRequest.type,
+                { command: SERVER_STATUS_COMMAND, arguments: [] }) as ServerStatus | null;
+            if (this.stopped || status === null) {
+                return;
+            }
+            this.shared.status.setServerStatus(status);
+            // The server need not report progress while it loads, so ask again until it is ready.
+            if (status.state === 'loading') {
+                this.pollTimer = setTimeout(() => void this.refreshStatus(), STATUS_POLL_MS);
+            }
+        } catch (error) {
+            this.shared.output.warn(`${SERVER_STATUS_COMMAND} failed: ${(error as Error).message}`);
+            this.shared.status.setState('ready');
+        }
+    }
+
+    /** The client registers a VS Code command for each command the server advertises; the ones the
+     *  extension registers itself would collide, so they are left out of the client's registration. */
+    private keepOwnCommands(): void {
+        const feature = this.client.getFeature(ExecuteCommandRequest.method);
+        const register = feature.register.bind(feature);
+        feature.register = (data) => register({
+            ...data,
+            registerOptions: {
+                ...data.registerOptions,
+                commands: data.registerOptions.commands.filter((command) => !OWN_SERVER_COMMANDS.has(command)),
+            },
+        });
+    }
+}
+
+/** Asks for live drafts, and takes over the server's progress from the client's own progress UI: a
+ *  progress token can have one handler only, and this server's progress belongs in the status bar item. */
+class LladaFeature implements StaticFeature {
+    constructor(private readonly session: Session) {}
+
+    fillClientCapabilities(capabilities: ClientCapabilities): void {
+        capabilities.experimental = { ...(capabilities.experimental as object | undefined), lladaDrafts: true };
+    }
+
+    initialize(): void {
+        // Runs after the client's ProgressFeature registered its handler, and replaces it.
+        this.session.client.onRequest(WorkDoneProgressCreateRequest.type, (params) => this.session.watchProgress(params.token));
+    }
+
+    getState(): { kind: 'static' } {
+        return { kind: 'static' };
+    }
+
+    clear(): void {}
+}
+
+function serverOptions(server: ServerSettings): ServerOptions {
+    if (server.tcp === '') {
+        return { command: server.path, args: server.args, transport: TransportKind.stdio };
+    }
+    return () => new Promise<StreamInfo>((resolve, reject) => {
+        // Parsed here so a malformed address fails the start, where the user is told about it.
+        const { host, port } = parseTcpAddress(server.tcp);
+        const socket = net.connect(port, host);
+        socket.once('connect', () => resolve({ reader: socket, writer: socket }));
+        socket.once('error', reject);
+    });
+}

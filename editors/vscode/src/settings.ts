@@ -1,0 +1,102 @@
+/** The `llada.*` settings: how they are read, how they become the server's initializationOptions, and
+ *  how the server is reached. Knows nothing about the language client. */
+import * as vscode from 'vscode';
+
+export type Mode = 'speed' | 'quality';
+
+export interface ServerSettings {
+    path: string;
+    args: string[];
+    /** "host:port" of a running `llada-lsp --tcp`; empty starts the server over stdio. */
+    tcp: string;
+}
+
+export interface LladaSettings {
+    model: string;
+    inlineMode: Mode;
+    rewriteMode: Mode;
+    maxCompletionTokens: number;
+    contextTokens: number;
+    server: ServerSettings;
+}
+
+/** The object of docs/protocol.md "initializationOptions / workspace/didChangeConfiguration". */
+export interface InitializationOptions {
+    model?: string;
+    inlineMode: Mode;
+    rewriteMode: Mode;
+    maxCompletionTokens: number;
+    contextTokens: number;
+}
+
+export interface TcpAddress {
+    host: string;
+    port: number;
+}
+
+/** The part of vscode.WorkspaceConfiguration that reading needs. */
+export interface SettingsSource {
+    get<T>(section: string, defaultValue: T): T;
+}
+
+export const SECTION = 'llada';
+
+/** Keys (below `llada.`) whose change needs a new server process or connection. */
+export const RESTART_KEYS = ['server.path', 'server.args', 'server.tcp'];
+
+export function readSettings(config: SettingsSource): LladaSettings {
+    return {
+        model: config.get<string>('model', '').trim(),
+        inlineMode: config.get<Mode>('inlineMode', 'speed'),
+        rewriteMode: config.get<Mode>('rewriteMode', 'quality'),
+        maxCompletionTokens: config.get<number>('maxCompletionTokens', 64),
+        contextTokens: config.get<number>('contextTokens', 1024),
+        server: {
+            path: config.get<string>('server.path', 'llada-lsp').trim() || 'llada-lsp',
+            args: config.get<string[]>('server.args', []),
+            tcp: config.get<string>('server.tcp', '').trim(),
+        },
+    };
+}
+
+/** Values are passed as the user wrote them: the server validates them and reports a bad one with
+ *  window/showMessage, so the two sides cannot disagree about what is valid. */
+export function toInitializationOptions(settings: LladaSettings): InitializationOptions {
+    const options: InitializationOptions = {
+        inlineMode: settings.inlineMode,
+        rewriteMode: settings.rewriteMode,
+        maxCompletionTokens: settings.maxCompletionTokens,
+        contextTokens: settings.contextTokens,
+    };
+    // An empty model means "the embedded model", which the server picks when the key is absent.
+    if (settings.model !== '') {
+        options.model = settings.model;
+    }
+    return options;
+}
+
+/** Parses "host:port" or "[v6-host]:port"; throws with a message fit for the user. */
+export function parseTcpAddress(value: string): TcpAddress {
+    const match = /^(?:\[([^\]]+)\]|([^:\s]+)):(\d{1,5})$/.exec(value.trim());
+    const port = match ? Number(match[3]) : NaN;
+    if (!match || port < 1 || port > 65535) {
+        throw new Error(`llada.server.tcp must look like "host:port", got "${value}"`);
+    }
+    return { host: match[1] ?? match[2], port };
+}
+
+export function nextMode(mode: Mode): Mode {
+    return mode === 'speed' ? 'quality' : 'speed';
+}
+
+/** Flips llada.inlineMode where the user set it: a workspace value shadows the user value, so
+ *  writing the user value under it would change nothing. */
+export async function toggleInlineMode(config: vscode.WorkspaceConfiguration): Promise<Mode> {
+    const mode = nextMode(config.get<Mode>('inlineMode', 'speed'));
+    const inspected = config.inspect<Mode>('inlineMode');
+    const target = inspected?.workspaceValue !== undefined
+        ? vscode.ConfigurationTarget.Workspace
+        : vscode.ConfigurationTarget.Global;
+    await config.update('inlineMode', mode, target);
+    return mode;
+}

@@ -1,0 +1,60 @@
+import './setup';
+import assert from 'node:assert/strict';
+import { beforeEach, test } from 'node:test';
+import { parseTcpAddress, readSettings, toggleInlineMode, toInitializationOptions } from '../src/settings';
+import * as mock from './vscode-mock';
+
+beforeEach(() => mock.reset());
+
+test('defaults map to the protocol defaults and leave the model to the server', () => {
+    const options = toInitializationOptions(readSettings(mock.configuration({})));
+    assert.deepEqual(options, { inlineMode: 'speed', rewriteMode: 'quality', maxCompletionTokens: 64, contextTokens: 1024 });
+    assert.equal('model' in options, false);
+});
+
+test('settings map to camelCase initializationOptions without the client-side keys', () => {
+    const settings = readSettings(mock.configuration({
+        'model': ' GSAI-ML/LLaDA-8B-Instruct ',
+        'inlineMode': 'quality',
+        'rewriteMode': 'speed',
+        'maxCompletionTokens': 128,
+        'contextTokens': 2048,
+        'server.path': '/opt/llada/bin/llada-lsp',
+        'server.args': ['--device', 'cuda'],
+        'server.tcp': '127.0.0.1:2087',
+        'trace.server': 'verbose',
+    }));
+    assert.deepEqual(toInitializationOptions(settings), {
+        model: 'GSAI-ML/LLaDA-8B-Instruct', inlineMode: 'quality', rewriteMode: 'speed', maxCompletionTokens: 128, contextTokens: 2048,
+    });
+    assert.deepEqual(settings.server, { path: '/opt/llada/bin/llada-lsp', args: ['--device', 'cuda'], tcp: '127.0.0.1:2087' });
+});
+
+test('an empty server path falls back to llada-lsp on PATH', () => {
+    assert.equal(readSettings(mock.configuration({ 'server.path': '  ' })).server.path, 'llada-lsp');
+});
+
+test('tcp addresses parse as host:port, IPv6 in brackets', () => {
+    assert.deepEqual(parseTcpAddress('localhost:2087'), { host: 'localhost', port: 2087 });
+    assert.deepEqual(parseTcpAddress('[::1]:9000'), { host: '::1', port: 9000 });
+    for (const bad of ['localhost', ':2087', 'host:0', 'host:70000', 'a b:1', 'host:port']) {
+        assert.throws(() => parseTcpAddress(bad), /host:port/, bad);
+    }
+});
+
+test('toggle mode flips the user setting between speed and quality', async () => {
+    const config = mock.configuration({ inlineMode: 'speed' });
+    assert.equal(await toggleInlineMode(config), 'quality');
+    assert.equal(await toggleInlineMode(config), 'speed');
+    assert.deepEqual(mock.recorded.configUpdates, [
+        { key: 'inlineMode', value: 'quality', target: mock.ConfigurationTarget.Global },
+        { key: 'inlineMode', value: 'speed', target: mock.ConfigurationTarget.Global },
+    ]);
+});
+
+test('toggle mode writes the workspace value when one shadows the user value', async () => {
+    const config = mock.configuration({ inlineMode: 'speed' }, { inlineMode: 'quality' });
+    assert.equal(await toggleInlineMode(config), 'speed');
+    assert.deepEqual(mock.recorded.configUpdates, [{ key: 'inlineMode', value: 'speed', target: mock.ConfigurationTarget.Workspace }]);
+    assert.equal(config.get('inlineMode'), 'speed');
+});
