@@ -9,8 +9,8 @@ import importlib
 import sys
 
 SUBCOMMANDS = {
-    "generate": ("llada_lsp.engine.cli", "generate_main", "decode a prompt with a checkpoint and print the completion"),
-    "bench": ("llada_lsp.engine.bench", "main", "cached engine vs recompute-everything baseline on CPU"),
+    "generate": ("llada_lsp.commands.generate", "generate_main", "decode a prompt with a checkpoint and print the completion"),
+    "bench": ("llada_lsp.commands.bench", "main", "cached engine vs recompute-everything baseline on CPU"),
     "complete": ("llada_lsp.server.headless", "complete_main", "complete FILE:LINE:COL through the server, as an editor would"),
     "rewrite": ("llada_lsp.server.headless", "rewrite_main", "rewrite FILE:L1:C1-L2:C2 through the server"),
     "train": ("llada_lsp.training.train", "main", "train the embedded model (CPU, resumable)"),

@@ -62,13 +62,13 @@ def balance_experts(model: LLaDA2, rate: float = 1e-3) -> None:
             bias.data += rate * torch.sign(load.float().mean() - load.float())
 
 
-def get_tokenizer(out: Path, train_texts: list[str]):
+def get_tokenizer(out: Path, train_texts: list[str], vocab_size: int):
     if (out / "tokenizer.json").is_file():
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(str(out), local_files_only=True)
     print("training the tokenizer ...", flush=True)
-    tok = train_tokenizer(train_texts)
+    tok = train_tokenizer(train_texts, vocab_size)
     save_tokenizer(tok, out)
     return tok
 
@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--edit-ratio", type=float, default=0.15, help="share of visible tokens replaced, times t")
     ap.add_argument("--keep-weight", type=float, default=0.1, help="loss weight of kept visible tokens")
+    ap.add_argument("--vocab-size", type=int, default=8192, help="BPE size, when the tokenizer is trained")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--save-every", type=int, default=50)
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     files = iter_files("train")[: args.corpus_limit]
     texts = [f.text for f in files]
-    tok = get_tokenizer(args.out, texts)
+    tok = get_tokenizer(args.out, texts, args.vocab_size)
     special = SpecialIds.from_tokenizer(tok)
 
     overrides = __import__("json").loads(args.config) if args.config else {}
@@ -113,13 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     no_decay = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
-    step, spent = 0, 0.0  # spent: training seconds of earlier runs of this folder
+    step, spent, losses = 0, 0.0, []  # spent: training seconds of earlier runs of this folder
     state_file = args.out / "state.pt"
     if state_file.is_file():
         state = torch.load(state_file, map_location="cpu", weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
-        step, spent = state["step"], state.get("seconds", 0.0)
+        step, spent, losses = state["step"], state.get("seconds", 0.0), state.get("losses", [])
         torch.set_rng_state(state["torch_rng"])
         print(f"resumed from {state_file} at step {step}", flush=True)
 
@@ -131,13 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:
         tmp = state_file.with_suffix(".tmp")
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                    "torch_rng": torch.get_rng_state(), "seconds": elapsed(), "args": vars(args)}, tmp)
+                    "torch_rng": torch.get_rng_state(), "seconds": elapsed(), "losses": losses, "args": vars(args)}, tmp)
         tmp.replace(state_file)  # atomic: an interrupted save never corrupts the checkpoint
         if args.export:
             export(model, tok, args.export)
 
     stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     # The data stream is reseeded from the step, so a resumed run sees new samples, deterministically.
     stream = SampleStream(texts, tok, seed=args.seed * 1_000_003 + step).sequences(args.seq_len)
     allow = training_mask(args.seq_len, args.block)
@@ -161,9 +162,10 @@ def main(argv: list[str] | None = None) -> int:
             opt.step()
             balance_experts(model)
             step += 1
+            losses.append(loss.item())
             tokens_seen += x.numel()
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}", mask_loss=f"{stats['mask_loss']:.3f}",
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", mask_loss=f"{stats['mask_loss']:.3f}",
                             acc=f"{stats['mask_acc']:.3f}", tok_s=f"{tokens_seen / (time.time() - started):.0f}")
             if step % args.save_every == 0:
                 save()
@@ -172,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     bar.close()
+    signal.signal(signal.SIGTERM, previous_handler)
     save()
     print(f"stopped at step {step}; checkpoint {state_file}", flush=True)
     return 0

@@ -1,0 +1,64 @@
+"""The training recipe: the objective's layout and noise, FIM holes, and a few real steps that learn."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import torch
+
+from llada_lsp.training import train
+from llada_lsp.training.corpus import is_held_out, iter_files
+from llada_lsp.training.objective import cut_hole, noise_batch, training_mask
+
+
+def test_training_mask_hides_the_noisy_copy_from_later_blocks():
+    allow = training_mask(64, 32)  # [clean 0..63 | noisy 64..127]
+    assert allow[40, 10] and not allow[10, 40]  # clean: block-causal
+    assert not allow[10, 64 + 10]  # clean never sees noisy
+    assert allow[64 + 40, 10] and not allow[64 + 40, 40]  # noisy block 1 sees clean block 0, not clean block 1
+    assert allow[64 + 40, 64 + 33] and not allow[64 + 40, 64 + 5]  # noisy attends only its own noisy block
+
+
+def test_noise_masks_and_replaces_with_labels_kept():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(5, 100, (8, 64), generator=gen)
+    noisy, weights = noise_batch(x, 32, mask_id=1, edit_ratio=0.5, keep_weight=0.1, gen=gen)
+    masked, replaced = noisy == 1, (noisy != 1) & (noisy != x)
+    assert masked.any() and replaced.any()
+    assert (weights[masked | replaced] == 1).all() and (weights[~masked & ~replaced] == 0.1).all()
+
+
+def test_holes_rebuild_the_text():
+    text = "def f(x):\n    if x:\n        return 1\n    return 2\n\nprint(f(3))\n"
+    rng = random.Random(0)
+    for kind in ("rest_of_line", "whole_line", "block_body", "span"):
+        for _ in range(20):
+            hole = cut_hole(text, kind, rng)
+            assert hole is not None and "".join(hole) == text
+            if kind == "rest_of_line":
+                assert "\n" not in hole[1] and hole[0][-1] != "\n"
+
+
+def test_split_is_deterministic_and_disjoint():
+    held = iter_files("heldout")
+    assert held and all(is_held_out(f.path) for f in held)
+    assert not any(is_held_out(f.path) for f in iter_files("train")[:200])
+
+
+def test_a_few_steps_lower_the_loss(tmp_path):
+    config = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                  intermediate_size=128, moe_intermediate_size=32, num_experts=4, n_group=2, topk_group=1)
+    argv = ["--out", str(tmp_path), "--steps", "40", "--batch", "4", "--seq-len", "64", "--corpus-limit", "12",
+            "--vocab-size", "600", "--warmup", "5", "--lr", "1e-2", "--save-every", "1000", "--threads", "1",
+            "--config", json.dumps(config), "--export", str(tmp_path / "export")]
+    threads = torch.get_num_threads()
+    assert train.main(argv) == 0
+    state = torch.load(tmp_path / "state.pt", weights_only=False)
+    losses = state["losses"]
+    assert state["step"] == 40 and len(losses) == 40
+    assert sum(losses[-8:]) / 8 < sum(losses[:8]) / 8 - 0.5, losses
+    assert (tmp_path / "export" / "model.safetensors").is_file() and (tmp_path / "export" / "tokenizer.json").is_file()
+    assert train.main([*argv[:3], "45", *argv[4:]]) == 0  # resumes from step 40
+    assert torch.load(tmp_path / "state.pt", weights_only=False)["step"] == 45
+    torch.set_num_threads(threads)
