@@ -1,0 +1,38 @@
+"""The command line as a user runs it: `llada-lsp generate` reproduces the reference, bad input gets
+one line on stderr and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llada_lsp", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_generate_reproduces_a_reference_case(golden_dir, golden_generate):
+    case = next(c for c in golden_generate["cases"] if c["id"] == "A07_P32_G64_quality")
+    p = run("generate", "--model", str(golden_dir), "--prompt-ids", ",".join(map(str, case["prompt_ids"])),
+            "--mode", "quality", "--gen-length", "64", "--dtype", "float64", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["tokens"] == case["output_ids"] and out["steps"] == case["num_forward_calls"]
+    assert out["tokens_per_forward"] > 0 and out["tokens_per_second"] > 0
+
+
+def test_bad_input_is_one_line_and_nonzero(golden_dir, tmp_path):
+    p = run("generate", "--model", str(tmp_path / "nope"), "--prompt-ids", "1,2")
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "no such model folder" in p.stderr
+    p = run("generate", "--model", str(golden_dir), "--prompt", "text")
+    assert p.returncode == 2 and "no tokenizer" in p.stderr
+    p = run("generate", "--model", str(golden_dir), "--prompt-ids", ",".join(["1"] * 600))
+    assert p.returncode == 2 and "max_position_embeddings" in p.stderr
+
+
+def test_help_lists_the_subcommands():
+    p = run("--help")
+    assert p.returncode == 0
+    for name in ("generate", "bench", "complete", "rewrite", "train", "eval-infill"):
+        assert name in p.stdout
