@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..model import LLaDA2, LLaDA2Config, save_model
+from ..model import LLaDA2, LLaDA2Config, load_model, save_model
 from .corpus import iter_files
 from ..prompting import SpecialIds
 from .objective import SampleStream, block_diffusion_loss, training_mask
@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hours", type=float, default=None,
                     help="time budget: the LR schedule ends at whichever of --steps and --hours comes first")
     ap.add_argument("--export", type=Path, default=None, help="also write a shippable model folder here")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="start a new run from an exported model folder (e.g. the shipped one) instead of random weights")
     ap.add_argument("--corpus-limit", type=int, default=None, help="use only the first N training files (tests)")
     ap.add_argument("--config", default=None, help="JSON of config overrides (tests use a smaller network)")
     args = ap.parse_args(argv)
@@ -109,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
                           eos_token_id=special.eos, pad_token_id=special.eos)
     model = LLaDA2(config)
     init_weights(model, args.seed)
+    if args.init_from and not (args.out / "state.pt").is_file():
+        warm = load_model(args.init_from, device="cpu", dtype=torch.float32)
+        model.load_state_dict(warm.state_dict())
+        print(f"initialised from {args.init_from}", flush=True)
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
