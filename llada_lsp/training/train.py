@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -103,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     files = iter_files("train")[: args.corpus_limit]
     texts = [f.text for f in files]
+    if args.init_from and not (args.out / "tokenizer.json").is_file():  # the weights' own tokenizer
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(args.init_from / name, args.out / name)
     tok = get_tokenizer(args.out, texts, args.vocab_size)
     special = SpecialIds.from_tokenizer(tok)
 
