@@ -1,0 +1,81 @@
+--- Defaults of require("llada").setup() and their validation.
+--- Knows nothing about LSP clients, buffers or windows.
+local M = {}
+
+---@class llada.Keymaps
+---@field accept string|false Insert-mode key that accepts the ghost text.
+---@field rewrite string|false Visual-mode key that rewrites the selection.
+
+---@class llada.Config
+---@field cmd string[] Command that starts the server.
+---@field model? string Path or Hugging Face id; nil means the server's embedded model.
+---@field inline_mode "speed"|"quality"
+---@field rewrite_mode "speed"|"quality"
+---@field max_completion_tokens integer
+---@field filetypes? string[] nil attaches to every file buffer.
+---@field root_markers string[]
+---@field keymaps llada.Keymaps
+---@field debounce_ms integer Delay before the fallback ghost text asks the server.
+---@field force_fallback boolean Use the plugin's own ghost text even where Neovim has one.
+M.defaults = {
+  cmd = { 'llada-lsp' },
+  model = nil,
+  inline_mode = 'speed',
+  rewrite_mode = 'quality',
+  max_completion_tokens = 64,
+  filetypes = nil,
+  root_markers = { '.git' },
+  keymaps = { accept = '<Tab>', rewrite = '<leader>lr' },
+  debounce_ms = 150,
+  force_fallback = false,
+}
+
+local function is_mode(v)
+  return v == 'speed' or v == 'quality'
+end
+
+local function is_key(v)
+  return v == false or type(v) == 'string'
+end
+
+---@param opts? table
+---@return llada.Config
+function M.resolve(opts)
+  vim.validate('opts', opts, 'table', true)
+  local cfg = vim.tbl_deep_extend('force', vim.deepcopy(M.defaults), opts or {})
+  -- Lists are replaced, not merged index by index: a shorter user `cmd` must not keep default tails.
+  for _, key in ipairs({ 'cmd', 'filetypes', 'root_markers' }) do
+    if opts and opts[key] ~= nil then
+      cfg[key] = opts[key]
+    end
+  end
+  vim.validate('cmd', cfg.cmd, 'table')
+  vim.validate('model', cfg.model, 'string', true)
+  vim.validate('inline_mode', cfg.inline_mode, is_mode, '"speed" or "quality"')
+  vim.validate('rewrite_mode', cfg.rewrite_mode, is_mode, '"speed" or "quality"')
+  vim.validate('max_completion_tokens', cfg.max_completion_tokens, function(v)
+    return type(v) == 'number' and v >= 1 and v <= 512 and v == math.floor(v)
+  end, 'integer in 1..512')
+  vim.validate('filetypes', cfg.filetypes, 'table', true)
+  vim.validate('root_markers', cfg.root_markers, 'table')
+  vim.validate('keymaps', cfg.keymaps, 'table')
+  vim.validate('keymaps.accept', cfg.keymaps.accept, is_key, 'key string or false')
+  vim.validate('keymaps.rewrite', cfg.keymaps.rewrite, is_key, 'key string or false')
+  vim.validate('debounce_ms', cfg.debounce_ms, 'number')
+  vim.validate('force_fallback', cfg.force_fallback, 'boolean')
+  return cfg
+end
+
+--- The server's initializationOptions (docs/protocol.md): camelCase, absent keys take the server default.
+---@param cfg llada.Config
+---@return table
+function M.init_options(cfg)
+  return {
+    model = cfg.model,
+    inlineMode = cfg.inline_mode,
+    rewriteMode = cfg.rewrite_mode,
+    maxCompletionTokens = cfg.max_completion_tokens,
+  }
+end
+
+return M

@@ -1,0 +1,232 @@
+--- Ghost text: one extmark per buffer in the `llada` namespace, and the fallback completer that feeds it
+--- where Neovim has no vim.lsp.inline_completion (0.11). Knows nothing about drafts or commands.
+local api = vim.api
+
+local M = {}
+
+M.ns = api.nvim_create_namespace('llada')
+
+---@class llada.GhostItem
+---@field text string
+---@field row integer 0-based
+---@field col integer 0-based byte column
+---@field tick integer changedtick the item was computed for
+
+---@class llada.GhostBuffer
+---@field fallback boolean this buffer asks for inline completions itself
+---@field shown? "draft"|"answer" what the extmark currently holds
+---@field item? llada.GhostItem the answer that accept() would insert
+---@field timer? uv.uv_timer_t debounce of the fallback requests
+---@field request? {client: vim.lsp.Client, id: integer} the fallback request in flight
+
+local buffers = {} ---@type table<integer, llada.GhostBuffer>
+
+---@param bufnr integer
+function M.clear(bufnr)
+  local state = buffers[bufnr]
+  if state then
+    state.shown = nil
+    state.item = nil
+  end
+  if api.nvim_buf_is_valid(bufnr) then
+    api.nvim_buf_clear_namespace(bufnr, M.ns, 0, -1)
+  end
+end
+
+--- Replaces the ghost text of {bufnr} by {text} at ({row}, {col}): the first line inline, the rest
+--- as virtual lines below.
+---@param bufnr integer
+---@param row integer 0-based
+---@param col integer 0-based byte column
+---@param text string
+---@param kind "draft"|"answer"
+function M.show(bufnr, row, col, text, kind)
+  M.clear(bufnr)
+  if text == '' then
+    return
+  end
+  local lines = vim.split(text, '\n', { plain = true })
+  local virt_lines = {}
+  for i = 2, #lines do
+    virt_lines[#virt_lines + 1] = { { lines[i], 'LladaGhost' } }
+  end
+  api.nvim_buf_set_extmark(bufnr, M.ns, row, col, {
+    virt_text = { { lines[1], 'LladaGhost' } },
+    virt_text_pos = 'inline',
+    virt_lines = #virt_lines > 0 and virt_lines or nil,
+    hl_mode = 'combine',
+  })
+  if buffers[bufnr] then
+    buffers[bufnr].shown = kind
+  end
+end
+
+---@param bufnr integer
+---@return "draft"|"answer"|nil
+function M.shown(bufnr)
+  return buffers[bufnr] and buffers[bufnr].shown
+end
+
+---@param bufnr integer
+---@return boolean
+function M.is_fallback(bufnr)
+  return buffers[bufnr] ~= nil and buffers[bufnr].fallback
+end
+
+--- The window showing {bufnr} if it is the current one, in insert mode, else nil.
+---@param bufnr integer
+---@return integer?
+function M.insert_window(bufnr)
+  local win = api.nvim_get_current_win()
+  if api.nvim_win_get_buf(win) ~= bufnr or not api.nvim_get_mode().mode:find('^i') then
+    return nil
+  end
+  return win
+end
+
+---@param state llada.GhostBuffer
+local function cancel(state)
+  local request = state.request
+  state.request = nil
+  if request and not request.client:is_stopped() then
+    request.client:cancel_request(request.id)
+  end
+end
+
+--- Sends textDocument/inlineCompletion for the cursor of {bufnr} and shows the answer, unless the buffer
+--- or the cursor moved meanwhile.
+---@param bufnr integer
+---@param client vim.lsp.Client
+local function request(bufnr, client)
+  local state = buffers[bufnr]
+  local win = M.insert_window(bufnr)
+  if not state or not win or client:is_stopped() then
+    return
+  end
+  cancel(state)
+  local tick = api.nvim_buf_get_changedtick(bufnr)
+  local cursor = api.nvim_win_get_cursor(win)
+  local params = vim.lsp.util.make_position_params(win, client.offset_encoding)
+  params.context = { triggerKind = 2 } -- InlineCompletionTriggerKind.Automatic
+  local id ---@type integer?
+  local function on_answer(err, result)
+    if state.request and state.request.id == id then
+      state.request = nil
+    end
+    vim.schedule(function()
+      if
+        not api.nvim_buf_is_valid(bufnr)
+        or buffers[bufnr] ~= state
+        or api.nvim_buf_get_changedtick(bufnr) ~= tick
+        or M.insert_window(bufnr) ~= win
+        or not vim.deep_equal(api.nvim_win_get_cursor(win), cursor)
+      then
+        return
+      end
+      local items = result and (result.items or result) or {}
+      local item = not err and items[1]
+      if not item then
+        M.clear(bufnr)
+        return
+      end
+      -- insertText may be a StringValue (snippet); the server sends plain strings, shown verbatim.
+      local text = type(item.insertText) == 'table' and item.insertText.value or item.insertText
+      -- The protocol makes `range` the empty range at the cursor, so the text goes where the cursor is.
+      M.show(bufnr, cursor[1] - 1, cursor[2], text, 'answer')
+      state.item = { text = text, row = cursor[1] - 1, col = cursor[2], tick = tick }
+    end)
+  end
+  local ok, request_id = client:request('textDocument/inlineCompletion', params, on_answer, bufnr)
+  if ok and request_id then
+    id = request_id
+    state.request = { client = client, id = request_id }
+  end
+end
+
+--- Starts tracking {bufnr}: clears stale ghost text when the cursor moves, and with {opts.fallback}
+--- requests inline completions itself, {opts.debounce_ms} after the last keystroke.
+---@param bufnr integer
+---@param client vim.lsp.Client
+---@param opts {fallback: boolean, debounce_ms: integer, group: integer}
+function M.attach(bufnr, client, opts)
+  M.detach(bufnr)
+  local state = { fallback = opts.fallback } ---@type llada.GhostBuffer
+  buffers[bufnr] = state
+  if opts.fallback then
+    state.timer = assert(vim.uv.new_timer())
+  end
+  api.nvim_create_autocmd({ 'TextChangedI', 'CursorMovedI' }, {
+    group = opts.group,
+    buffer = bufnr,
+    callback = function()
+      M.clear(bufnr)
+      if state.timer then
+        state.timer:start(opts.debounce_ms, 0, vim.schedule_wrap(function()
+          if api.nvim_buf_is_valid(bufnr) and buffers[bufnr] == state then
+            request(bufnr, client)
+          end
+        end))
+      end
+    end,
+  })
+  api.nvim_create_autocmd('InsertLeave', {
+    group = opts.group,
+    buffer = bufnr,
+    callback = function()
+      if state.timer then
+        state.timer:stop()
+        cancel(state)
+      end
+      M.clear(bufnr)
+    end,
+  })
+end
+
+---@param bufnr integer
+function M.detach(bufnr)
+  local state = buffers[bufnr]
+  if not state then
+    return
+  end
+  if state.timer then
+    state.timer:stop()
+    state.timer:close()
+  end
+  cancel(state)
+  M.clear(bufnr)
+  buffers[bufnr] = nil
+end
+
+--- Inserts the shown answer at the cursor and moves the cursor past it. Returns false (and does nothing)
+--- when there is no answer for the current text and cursor, so a mapping can fall back to its key.
+--- The edit itself is scheduled: this runs inside an <expr> mapping, where the text is locked.
+---@param bufnr integer
+---@return boolean
+function M.accept(bufnr)
+  local state = buffers[bufnr]
+  local item = state and state.item
+  local win = M.insert_window(bufnr)
+  if
+    not item
+    or not win
+    or api.nvim_buf_get_changedtick(bufnr) ~= item.tick
+    or not vim.deep_equal(api.nvim_win_get_cursor(win), { item.row + 1, item.col })
+  then
+    return false
+  end
+  vim.schedule(function()
+    if not api.nvim_buf_is_valid(bufnr) or api.nvim_buf_get_changedtick(bufnr) ~= item.tick then
+      return
+    end
+    M.clear(bufnr)
+    local lines = vim.split(item.text, '\n', { plain = true })
+    api.nvim_buf_set_text(bufnr, item.row, item.col, item.row, item.col, lines)
+    if api.nvim_win_is_valid(win) and api.nvim_win_get_buf(win) == bufnr then
+      local last = #lines
+      api.nvim_win_set_cursor(win, { item.row + last, (last == 1 and item.col or 0) + #lines[last] })
+    end
+  end)
+  return true
+end
+
+return M

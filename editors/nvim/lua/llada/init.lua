@@ -1,0 +1,334 @@
+--- The llada plugin: setup(), the server registration, user commands, keymaps and the statusline.
+--- Ghost text lives in llada.ghost and live drafts in llada.draft; this file draws nothing itself.
+local api = vim.api
+local config = require('llada.config')
+local draft = require('llada.draft')
+local ghost = require('llada.ghost')
+
+local M = {}
+
+local cfg = config.resolve() ---@type llada.Config
+local server_status = {} ---@type table<integer, table> client id -> last `llada.status` result
+local rewriting = {} ---@type table<integer, true> buffers with a rewrite in flight
+
+local function redraw_status()
+  vim.schedule(function()
+    vim.cmd.redrawstatus()
+  end)
+end
+
+---@param bufnr integer
+---@return vim.lsp.Client?
+local function client_for(bufnr)
+  return vim.lsp.get_clients({ bufnr = bufnr, name = 'llada' })[1]
+end
+
+---@param client vim.lsp.Client
+---@param command string
+---@return boolean
+local function supports_command(client, command)
+  local provider = client.server_capabilities and client.server_capabilities.executeCommandProvider
+  return type(provider) == 'table' and vim.list_contains(provider.commands or {}, command)
+end
+
+---@param msg string
+---@param level? integer
+local function notify(msg, level)
+  vim.notify('llada: ' .. msg, level or vim.log.levels.INFO)
+end
+
+--- Asks the server for `llada.status`; while the model loads, asks again every second.
+---@param client vim.lsp.Client
+---@param on_result? fun(result: table)
+local function refresh_status(client, on_result)
+  if not supports_command(client, 'llada.status') then
+    return
+  end
+  client:exec_cmd({ title = 'llada status', command = 'llada.status' }, {}, function(err, result)
+    if err or type(result) ~= 'table' then
+      notify('status failed: ' .. (err and err.message or 'no result'), vim.log.levels.ERROR)
+      return
+    end
+    server_status[client.id] = result
+    redraw_status()
+    if on_result then
+      on_result(result)
+    end
+    if result.state == 'loading' and not on_result then
+      vim.defer_fn(function()
+        if not client:is_stopped() then
+          refresh_status(client)
+        end
+      end, 1000)
+    end
+  end)
+end
+
+--- Whether buffers use the plugin's own ghost text instead of vim.lsp.inline_completion.
+local function use_fallback()
+  return cfg.force_fallback or vim.lsp.inline_completion == nil
+end
+
+---@param client vim.lsp.Client
+---@param bufnr integer
+---@param group integer
+local function on_attach(client, bufnr, group)
+  local fallback = use_fallback()
+  ghost.attach(bufnr, client, { fallback = fallback, debounce_ms = cfg.debounce_ms, group = group })
+  if not fallback then
+    vim.lsp.inline_completion.enable(true, { bufnr = bufnr })
+  end
+  local keys = cfg.keymaps
+  if keys.accept then
+    vim.keymap.set('i', keys.accept, function()
+      local accepted
+      if fallback then
+        accepted = ghost.accept(bufnr)
+      else
+        accepted = vim.lsp.inline_completion.get({ bufnr = bufnr })
+      end
+      if not accepted then
+        return keys.accept
+      end
+    end, { buffer = bufnr, expr = true, desc = 'llada: accept the inline completion' })
+  end
+  if keys.rewrite then
+    vim.keymap.set('x', keys.rewrite, function()
+      M.rewrite_visual()
+    end, { buffer = bufnr, desc = 'llada: rewrite the selection' })
+  end
+  if not server_status[client.id] then
+    refresh_status(client)
+  end
+end
+
+---@param bufnr integer
+local function on_detach(bufnr)
+  ghost.detach(bufnr)
+  draft.forget(bufnr)
+  rewriting[bufnr] = nil
+  if not api.nvim_buf_is_valid(bufnr) then
+    return
+  end
+  for _, mode in ipairs({ 'i', 'x' }) do
+    for _, map in ipairs(api.nvim_buf_get_keymap(bufnr, mode)) do
+      if map.desc and vim.startswith(map.desc, 'llada: ') then
+        api.nvim_buf_del_keymap(bufnr, mode, map.lhs)
+      end
+    end
+  end
+end
+
+--- LSP range of a byte span of {bufnr}: rows 0-based, columns 0-based bytes, end exclusive.
+---@param bufnr integer
+---@param encoding string
+---@return lsp.Range
+local function lsp_range(bufnr, encoding, srow, scol, erow, ecol)
+  local function position(row, col)
+    local line = api.nvim_buf_get_lines(bufnr, row, row + 1, true)[1]
+    return { line = row, character = vim.str_utfindex(line, encoding, math.min(col, #line), false) }
+  end
+  return { start = position(srow, scol), ['end'] = position(erow, ecol) }
+end
+
+--- Sends `llada.rewriteSelection` for {range} of {bufnr}. The server applies the rewrite with
+--- workspace/applyEdit, which Neovim's own handler performs; this only reports the outcome.
+---@param bufnr integer
+---@param range lsp.Range
+---@param instruction? string
+local function rewrite(bufnr, range, instruction)
+  local client = client_for(bufnr)
+  if not client then
+    notify('no llada server attached to this buffer', vim.log.levels.WARN)
+    return
+  end
+  if not supports_command(client, 'llada.rewriteSelection') then
+    notify('the server does not offer llada.rewriteSelection', vim.log.levels.WARN)
+    return
+  end
+  local argument = {
+    textDocument = { uri = vim.uri_from_bufnr(bufnr), version = vim.lsp.util.buf_versions[bufnr] },
+    range = range,
+    instruction = instruction,
+  }
+  rewriting[bufnr] = true
+  redraw_status()
+  client:exec_cmd(
+    { title = 'llada rewrite', command = 'llada.rewriteSelection', arguments = { argument } },
+    { bufnr = bufnr },
+    function(err, result)
+      rewriting[bufnr] = nil
+      redraw_status()
+      if err then
+        notify('rewrite failed: ' .. err.message, vim.log.levels.ERROR)
+      elseif type(result) == 'table' and not result.applied then
+        notify('rewrite not applied: ' .. (result.reason or 'the edit was refused'), vim.log.levels.WARN)
+      end
+      if api.nvim_buf_is_valid(bufnr) then
+        api.nvim_exec_autocmds('User', {
+          pattern = 'LladaRewrite',
+          modeline = false,
+          data = { bufnr = bufnr, result = result, error = err and err.message },
+        })
+      end
+    end
+  )
+end
+
+--- Rewrites lines {line1}..{line2} (1-based, inclusive) of {bufnr}, or the exact characters of the
+--- last visual selection when it was characterwise and covers these lines.
+---@param bufnr integer
+---@param line1 integer
+---@param line2 integer
+---@param instruction? string
+function M.rewrite_lines(bufnr, line1, line2, instruction)
+  local client = client_for(bufnr)
+  local encoding = client and client.offset_encoding or 'utf-16'
+  local vstart, vend = api.nvim_buf_get_mark(bufnr, '<'), api.nvim_buf_get_mark(bufnr, '>')
+  local range
+  if vim.fn.visualmode() == 'v' and vstart[1] == line1 and vend[1] == line2 then
+    local last = api.nvim_buf_get_lines(bufnr, vend[1] - 1, vend[1], true)[1]
+    -- '> marks the first byte of the last selected character; LSP ends are exclusive.
+    local ecol = vend[2] < #last and vend[2] + 1 + vim.str_utf_end(last, vend[2] + 1) or #last
+    range = lsp_range(bufnr, encoding, vstart[1] - 1, vstart[2], vend[1] - 1, ecol)
+  else
+    range = lsp_range(bufnr, encoding, line1 - 1, 0, line2 - 1, math.huge)
+  end
+  rewrite(bufnr, range, instruction)
+end
+
+--- Rewrites the visual selection of the current buffer, asking for an optional instruction.
+function M.rewrite_visual()
+  local bufnr = api.nvim_get_current_buf()
+  -- Leaving visual mode sets the '< and '> marks that rewrite_lines reads.
+  api.nvim_feedkeys(api.nvim_replace_termcodes('<Esc>', true, false, true), 'nx', false)
+  local line1, line2 = api.nvim_buf_get_mark(bufnr, '<')[1], api.nvim_buf_get_mark(bufnr, '>')[1]
+  vim.ui.input({ prompt = 'llada instruction (optional): ' }, function(input)
+    if input ~= nil and api.nvim_buf_is_valid(bufnr) then
+      M.rewrite_lines(bufnr, line1, line2, input ~= '' and input or nil)
+    end
+  end)
+end
+
+--- Switches the inline completion mode of every running llada server, and of those started later.
+---@param mode "speed"|"quality"
+function M.set_mode(mode)
+  if mode ~= 'speed' and mode ~= 'quality' then
+    notify('mode must be "speed" or "quality", not ' .. vim.inspect(mode), vim.log.levels.ERROR)
+    return
+  end
+  cfg.inline_mode = mode
+  vim.lsp.config('llada', { init_options = { inlineMode = mode } })
+  for _, client in ipairs(vim.lsp.get_clients({ name = 'llada' })) do
+    client:notify('workspace/didChangeConfiguration', { settings = { llada = { inlineMode = mode } } })
+    if server_status[client.id] then
+      server_status[client.id].inlineMode = mode
+    end
+  end
+  redraw_status()
+end
+
+--- Asks the server of the current buffer for `llada.status` and echoes it.
+function M.status()
+  local client = client_for(api.nvim_get_current_buf())
+  if not client then
+    notify('no llada server attached to this buffer', vim.log.levels.WARN)
+    return
+  end
+  refresh_status(client, function(s)
+    local parts = {
+      ('llada: %s'):format(s.state),
+      ('model %s'):format(s.model),
+      ('inline %s'):format(s.inlineMode),
+      ('rewrite %s'):format(s.rewriteMode),
+    }
+    if s.error then
+      parts[#parts + 1] = 'error: ' .. s.error
+    end
+    api.nvim_echo({ { table.concat(parts, ', ') } }, true, {})
+  end)
+end
+
+--- Short state of the llada server of the current buffer, for 'statusline'; '' when none is attached.
+--- e.g. "llada: ready speed", "llada: generating", "llada: loading".
+---@return string
+function M.statusline()
+  local bufnr = api.nvim_get_current_buf()
+  local client = client_for(bufnr)
+  if not client then
+    return ''
+  end
+  local s = server_status[client.id]
+  if not client.initialized or not s then
+    return 'llada: starting'
+  elseif s.state ~= 'ready' then
+    return 'llada: ' .. s.state
+  elseif rewriting[bufnr] then
+    return 'llada: rewriting'
+  elseif draft.is_pending(bufnr) then
+    return 'llada: generating'
+  end
+  return 'llada: ready ' .. s.inlineMode
+end
+
+local function create_commands()
+  api.nvim_create_user_command('LladaRewrite', function(o)
+    M.rewrite_lines(api.nvim_get_current_buf(), o.line1, o.line2, o.args ~= '' and o.args or nil)
+  end, { range = true, nargs = '*', desc = 'llada: rewrite the range, following the optional instruction' })
+  api.nvim_create_user_command('LladaMode', function(o)
+    M.set_mode(o.args)
+  end, {
+    nargs = 1,
+    complete = function()
+      return { 'speed', 'quality' }
+    end,
+    desc = 'llada: set the inline completion mode',
+  })
+  api.nvim_create_user_command('LladaStatus', M.status, { desc = 'llada: show the server status' })
+end
+
+--- Configures and enables the llada language server. See |llada-setup|.
+---@param opts? table
+function M.setup(opts)
+  cfg = config.resolve(opts)
+  local group = api.nvim_create_augroup('llada', { clear = true })
+  api.nvim_set_hl(0, 'LladaGhost', { link = 'Comment', default = true })
+  api.nvim_create_autocmd('ColorScheme', {
+    group = group,
+    callback = function()
+      api.nvim_set_hl(0, 'LladaGhost', { link = 'Comment', default = true })
+    end,
+  })
+  api.nvim_create_autocmd('LspAttach', {
+    group = group,
+    callback = function(args)
+      local client = vim.lsp.get_client_by_id(args.data.client_id)
+      if client and client.name == 'llada' then
+        on_attach(client, args.buf, group)
+      end
+    end,
+  })
+  api.nvim_create_autocmd('LspDetach', {
+    group = group,
+    callback = function(args)
+      local client = vim.lsp.get_client_by_id(args.data.client_id)
+      if client and client.name == 'llada' then
+        on_detach(args.buf)
+      end
+    end,
+  })
+  api.nvim_create_autocmd('LspRequest', { group = group, callback = draft.on_request })
+  create_commands()
+
+  vim.lsp.config('llada', {
+    cmd = cfg.cmd,
+    filetypes = cfg.filetypes,
+    root_markers = cfg.root_markers, -- read by the root_dir of lsp/llada.lua
+    init_options = config.init_options(cfg),
+    capabilities = { experimental = { lladaDrafts = true } },
+    handlers = { ['llada/draft'] = draft.on_draft },
+  })
+  vim.lsp.enable('llada')
+end
+
+return M

@@ -1,0 +1,194 @@
+"""Drives a headless Neovim that runs the llada plugin against a llada-lsp server over stdio.
+
+Owns the editor process and polling with deadlines; knows nothing about the model behind the server.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pynvim
+
+T = TypeVar("T")
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGIN_DIR = REPO / "editors" / "nvim"
+
+# The model runs on a small shared CPU: loading it and denoising the first completion can take a while.
+TIMEOUT_S = float(os.environ.get("LLADA_TEST_TIMEOUT", "300"))
+
+# Lua the tests install next to the plugin: a log of what the user saw, in the order it happened.
+# Every draft render records the ghost text on screen right after the plugin drew it.
+_PROBE_LUA = r"""
+local api = vim.api
+local probe = { log = {} }
+_G.llada_probe = probe
+local namespaces = {
+  llada = api.nvim_create_namespace('llada'),
+  builtin = api.nvim_create_namespace('nvim.lsp.inline_completion'),
+}
+
+local function chunks_text(chunks)
+  local parts = {}
+  for _, chunk in ipairs(chunks or {}) do
+    parts[#parts + 1] = chunk[1]
+  end
+  return table.concat(parts)
+end
+
+-- The ghost text on screen: {source, row, col, text}, or nil when there is none.
+function probe.ghost(bufnr)
+  bufnr = bufnr or api.nvim_get_current_buf()
+  for _, source in ipairs({ 'llada', 'builtin' }) do
+    local mark = api.nvim_buf_get_extmarks(bufnr, namespaces[source], 0, -1, { details = true })[1]
+    if mark then
+      local lines = { chunks_text(mark[4].virt_text) }
+      for _, virt_line in ipairs(mark[4].virt_lines or {}) do
+        lines[#lines + 1] = chunks_text(virt_line)
+      end
+      return { source = source, row = mark[2], col = mark[3], text = table.concat(lines, '\n') }
+    end
+  end
+end
+
+local group = api.nvim_create_augroup('llada_probe', { clear = true })
+api.nvim_create_autocmd('User', {
+  group = group,
+  pattern = 'LladaDraft',
+  callback = function(args)
+    local d = args.data
+    probe.log[#probe.log + 1] =
+      { kind = 'draft', step = d.step, final = d.final, text = d.text, ghost = probe.ghost(d.bufnr) }
+  end,
+})
+api.nvim_create_autocmd('User', {
+  group = group,
+  pattern = 'LladaRewrite',
+  callback = function(args)
+    probe.log[#probe.log + 1] = { kind = 'rewrite', result = args.data.result, error = args.data.error }
+  end,
+})
+api.nvim_create_autocmd('LspRequest', {
+  group = group,
+  callback = function(args)
+    local request = args.data.request
+    probe.log[#probe.log + 1] = { kind = 'request', method = request.method, type = request.type }
+  end,
+})
+"""
+
+
+def server_cmd() -> list[str]:
+    """The server the plugin starts: the real one, unless LLADA_TEST_SERVER_CMD names another."""
+    override = os.environ.get("LLADA_TEST_SERVER_CMD")
+    return shlex.split(override) if override else [sys.executable, "-m", "llada_lsp"]
+
+
+def nvim_binary() -> str | None:
+    """LLADA_TEST_NVIM, else the nvim installed in this virtual environment, else the one on PATH."""
+    explicit = os.environ.get("LLADA_TEST_NVIM")
+    if explicit:
+        return explicit
+    venv_nvim = Path(sys.executable).parent / "nvim"
+    return str(venv_nvim) if venv_nvim.exists() else shutil.which("nvim")
+
+
+def nvim_version(binary: str) -> tuple[int, int]:
+    first_line = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+    major, minor = first_line.split()[1].lstrip("v").split(".")[:2]
+    return int(major), int(minor)
+
+
+def wait_for(
+    condition: Callable[[], T], what: str, timeout_s: float = TIMEOUT_S, detail: Callable[[], str] | None = None
+) -> T:
+    """Polls {condition} until it returns something truthy, and returns that; fails after the deadline,
+    with {detail}() in the message."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            extra = f"; {detail()}" if detail else ""
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}{extra}")
+        time.sleep(0.05)
+
+
+class Editor:
+    """One headless Neovim with the plugin set up, editing one file."""
+
+    def __init__(self, binary: str, workdir: Path, setup_opts: dict[str, Any]):
+        self.nvim = pynvim.attach("child", argv=[binary, "--embed", "--clean", "--headless"])
+        self.nvim.exec_lua("vim.opt.runtimepath:prepend(...)", str(PLUGIN_DIR))
+        self.nvim.exec_lua(_PROBE_LUA)
+        opts = {"cmd": server_cmd(), **setup_opts}
+        self.nvim.exec_lua("require('llada').setup(...)", opts)
+        self.workdir = workdir
+
+    def lua(self, code: str, *args: Any) -> Any:
+        return self.nvim.exec_lua(code, *args)
+
+    def open(self, name: str, text: str) -> None:
+        """Opens a file with {text} and waits until the llada server has attached and initialized."""
+        path = self.workdir / name
+        path.write_text(text)
+        self.nvim.command(f"edit {path}")
+        wait_for(
+            lambda: self.lua(
+                "local c = vim.lsp.get_clients({ bufnr = 0, name = 'llada' })[1] return c ~= nil and c.initialized"
+            ),
+            "the llada server to attach",
+        )
+
+    def lines(self) -> list[str]:
+        return self.nvim.current.buffer[:]
+
+    def text(self) -> str:
+        return "\n".join(self.lines())
+
+    def mode(self) -> str:
+        return self.nvim.api.get_mode()["mode"]
+
+    def cursor(self) -> tuple[int, int]:
+        row, col = self.nvim.current.window.cursor
+        return row, col
+
+    def ghost(self) -> dict[str, Any] | None:
+        return self.lua("return llada_probe.ghost()")
+
+    def log(self) -> list[dict[str, Any]]:
+        return self.lua("return llada_probe.log")
+
+    def wait_ghost(self) -> dict[str, Any]:
+        """The final ghost text of the latest inline request: shown once no inline request is pending."""
+
+        def settled() -> dict[str, Any] | None:
+            ghost = self.ghost()
+            generating = self.lua("return require('llada.draft').is_pending(vim.api.nvim_get_current_buf())")
+            return ghost if ghost and ghost["text"] and not generating else None
+
+        return wait_for(
+            settled,
+            "an inline completion to be shown",
+            detail=lambda: f"ghost {self.ghost()!r}, latest events {self.log()[-6:]!r}",
+        )
+
+    def close(self) -> None:
+        """Stops the servers (politely, then by force) so no model process outlives the test."""
+        stop = "vim.lsp.stop_client(vim.lsp.get_clients(), ...)"
+        self.lua(stop, False)
+        try:
+            wait_for(lambda: self.lua("return #vim.lsp.get_clients() == 0"), "the server to stop", 15)
+        finally:
+            self.lua(stop, True)
+            self.nvim.command("qa!", async_=True)
+            self.nvim.close()
