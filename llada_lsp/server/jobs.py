@@ -1,0 +1,203 @@
+"""What runs on the model thread: loading a model, and one infill or rewrite request from prompt to
+post-processed drafts and result.
+
+Knows nothing of the LSP, pygls or threads: plain values in and out, drafts through a callback.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from ..engine import Engine
+from ..model import CheckpointError, load_model, load_tokenizer
+from .postprocess import Cursor, finish, strip_special, unfence
+from .prompt import CHARS_PER_TOKEN, TextCodec, infill_prompt, rewrite_prompt
+
+MIN_PROMPT = 32  # positions always left to the prompt when a completion length is clamped to the model
+
+
+class Flag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: str | None  # None: the embedded model
+    device: str | None = None
+    dtype: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path or "embedded"
+
+
+@dataclass
+class LoadedModel:
+    spec: ModelSpec
+    engine: Engine
+    codec: TextCodec
+
+    @property
+    def max_positions(self) -> int:
+        return self.engine.model.config.max_position_embeddings
+
+
+@dataclass(frozen=True)
+class Infill:
+    text: str  # the whole document
+    cursor: int  # str index of the cursor in `text`
+    mode: str
+    max_tokens: int
+    context_tokens: int
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    text: str
+    start: int  # the selection is text[start:end]
+    end: int
+    mode: str
+    context_tokens: int
+    instruction: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    text: str
+    steps: int
+    seconds: float
+    stopped: str  # "done" | "unit" (the unit at the cursor was complete and stable) | "cancelled"
+
+
+def load(spec: ModelSpec, report: Callable[[str, int], None]) -> LoadedModel:
+    """Raises CheckpointError with a one-line message when the model cannot be used."""
+    report(f"reading {spec.name}", 10)
+    model = load_model(spec.path, device=spec.device, dtype=spec.dtype)
+    report("reading the tokenizer", 70)
+    tokenizer = load_tokenizer(spec.path)
+    if tokenizer is None:
+        raise CheckpointError(f"{spec.name}: no tokenizer (tokenizer.json) beside the weights")
+    codec = TextCodec.from_tokenizer(tokenizer)
+    if codec.special.mask is None and model.config.mask_token_id is None:
+        raise CheckpointError(f"{spec.name}: the tokenizer has no <|mask|> token")
+    report("warming up", 90)
+    engine = Engine(model)
+    # First-call costs (allocations, kernel selection) are paid here, not on the first keystroke.
+    engine.generation(codec.encode("def f():\n"), 1, "speed", mask_id=codec.special.mask).run()
+    return LoadedModel(spec, engine, codec)
+
+
+def cursor_context(text: str, offset: int) -> Cursor:
+    line_start = text.rfind("\n", 0, offset) + 1
+    line_end = text.find("\n", offset)
+    line_end = len(text) if line_end < 0 else line_end
+    next_line, pos = "", line_end + 1
+    while pos < len(text) and pos - line_end < 10_000:  # the next non-blank line, looked for nearby
+        end = text.find("\n", pos)
+        end = len(text) if end < 0 else end
+        if text[pos:end].strip():
+            next_line = text[pos:end]
+            break
+        pos = end + 1
+    return Cursor(text[line_start:offset], text[offset:line_end].rstrip("\r"), next_line.rstrip("\r"))
+
+
+def run_infill(model: LoadedModel, job: Infill, cancel: Flag, emit: Callable[[int, str | None], None]) -> Outcome:
+    """Generates at the cursor; `emit(step, text)` after every step, text None when it did not change
+    (the first step always has one). Stops early once the unit at the cursor is complete (ended by the
+    text, an end-of-text, or the last position filled) and unchanged for one step."""
+    codec, cursor = model.codec, cursor_context(job.text, job.cursor)
+    # The rest of a line fits in one block: a model that never ends the line costs one block, not two.
+    limit = job.max_tokens if cursor.on_empty_line else min(job.max_tokens, model.engine.block_size)
+    gen_length = max(1, min(limit, model.max_positions - MIN_PROMPT))
+    budget = min(job.context_tokens, model.max_positions - gen_length)
+    before, after = _window(job.text, job.cursor, job.cursor, budget * CHARS_PER_TOKEN)
+    prompt = infill_prompt(before, after, codec, budget)
+    chat = prompt.layout == "chat"
+    stop = _StopWhen(cancel)
+    gen = model.engine.generation(
+        prompt.ids, gen_length, job.mode, eos_early_stop=True, mask_id=codec.special.mask, eos_id=codec.special.eos,
+        cancel=stop,
+    )  # fmt: skip
+    shown, steps = None, 0
+    for draft in gen:
+        steps = draft.step
+        filled = draft.generated[: _first(draft.generated, codec.special.mask)]
+        raw, ended = codec.text_of(filled)
+        # Every position filled: nothing will be added, only revised (post steps).
+        completion = finish(raw, cursor, ended or len(filled) == gen_length, chat)
+        if completion.complete and completion.text == shown:
+            stop.enough = True  # stable for a step: further steps would mostly polish text past the unit
+        changed = completion.text != shown or steps == 1
+        shown = completion.text
+        emit(steps, shown if changed else None)
+    result = gen.result
+    if stop.enough:
+        return Outcome(shown or "", steps, result.seconds, "unit")
+    if result.cancelled:
+        return Outcome(shown or "", steps, result.seconds, "cancelled")
+    raw, _ = codec.text_of([t for t in result.tokens if t != codec.special.mask])
+    return Outcome(finish(raw, cursor, True, chat).text, result.steps, result.seconds, "done")
+
+
+def run_rewrite(model: LoadedModel, job: Rewrite, cancel: Flag, emit: Callable[[int, str], None]) -> Outcome:
+    """Revises the selection in place: it is the initial draft of the generated blocks (token
+    editing changes it, an end-of-text shrinks it, masks after it give room to grow)."""
+    codec = model.codec
+    selection = job.text[job.start : job.end]
+    before, after = _window(job.text, job.start, job.end, job.context_tokens * CHARS_PER_TOKEN)
+    prompt = rewrite_prompt(before, selection, after, codec, model.max_positions, job.context_tokens, job.instruction)
+    started = time.perf_counter()
+    gen = model.engine.generation(
+        prompt.prompt.ids, prompt.gen_length, job.mode, eos_early_stop=True, mask_id=codec.special.mask,
+        eos_id=codec.special.eos, cancel=cancel, init_ids=prompt.init_ids,
+    )  # fmt: skip
+    for draft in gen:
+        emit(draft.step, "")
+    result = gen.result
+    if result.cancelled:
+        return Outcome("", result.steps, time.perf_counter() - started, "cancelled")
+    raw, _ = codec.text_of([t for t in result.tokens if t != codec.special.mask])
+    raw = strip_special(raw)
+    if prompt.prompt.layout == "chat":
+        raw, _ = unfence(raw, True)
+    return Outcome(_keep_line_ends(raw, selection), result.steps, time.perf_counter() - started, "done")
+
+
+def _keep_line_ends(text: str, selection: str) -> str:
+    """The rewrite ends as the selection ends (unused room the model filled with blank lines is
+    dropped), and CRLF files stay CRLF."""
+    if "\r\n" in selection:
+        text = text.replace("\r\n", "\n").replace("\n", "\r\n")
+    ending = selection[len(selection.rstrip()) :]
+    return text.rstrip() + ending
+
+
+def _window(text: str, start: int, end: int, chars: int) -> tuple[str, str]:
+    """The text before `start` and after `end`, bounded for huge documents. The part before begins at
+    a line start fixed by the line of `start`, so it does not move while the user types on that line."""
+    line_start = text.rfind("\n", 0, start) + 1
+    lo = max(0, line_start - chars)
+    if lo > 0:
+        lo = text.find("\n", lo, line_start) + 1 or line_start
+    lo = max(lo, start - chars)  # a giant cursor line: its end only
+    return text[lo:start], text[end : end + chars]
+
+
+def _first(ids: list[int], value: int) -> int:
+    try:
+        return ids.index(value)
+    except ValueError:
+        return len(ids)
+
+
+class _StopWhen:
+    """The engine's cancel flag: the request's, or this job's own decision that it has enough."""
+
+    def __init__(self, cancel: Flag):
+        self.cancel, self.enough = cancel, False
+
+    def is_set(self) -> bool:
+        return self.enough or self.cancel.is_set()

@@ -1,0 +1,507 @@
+"""The language server: pygls handlers for docs/protocol.md, the holes of pygls closed, the command line.
+
+Handlers fetch the document, queue a model job or call a pure function, and convert to lsprotocol
+types. Knows nothing of tensors or token ids; model work runs on the worker's thread, never here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import cattrs
+import torch
+from lsprotocol import types
+from pygls.exceptions import FeatureRequestError, JsonRpcException, JsonRpcInvalidParams
+from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol, default_converter, lsp_method
+
+from .. import __version__
+from .documents import Document, Documents
+from .jobs import Infill, ModelSpec, Outcome, Rewrite, run_infill, run_rewrite
+from .positions import UTF8, UTF16
+from .prompt import SelectionTooLong
+from .settings import MODES, Settings, parse_settings, settings_section
+from .worker import ModelUnavailable, ModelWorker, Ticket
+
+logger = logging.getLogger(__name__)
+
+DRAFT = "llada/draft"
+REWRITE, STATUS = "llada.rewriteSelection", "llada.status"
+REQUEST_FAILED = -32803  # LSP ErrorCodes.RequestFailed: the request was valid but could not be served
+INVALID_REQUEST, INVALID_PARAMS = -32600, -32602
+_CONVERTER = default_converter()  # stateless: structures command arguments
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What only the command line sets; `defaults` are what a bad or absent setting falls back to."""
+
+    defaults: Settings = Settings()
+    device: str | None = None
+    dtype: str | None = None
+    step_delay: float = 0.0  # test hook, see ModelWorker
+
+
+@dataclass(frozen=True)
+class MalformedRequest:
+    """A request whose params did not parse: answered with InvalidParams instead of dropped."""
+
+    id: int | str
+    method: str
+    reason: str
+    jsonrpc: str = "2.0"
+
+
+class LladaProtocol(LanguageServerProtocol):
+    """pygls' protocol with its gaps closed: malformed requests and requests after shutdown are
+    answered; documents are kept by `Documents` (edits through the one position conversion); UTF-8 is
+    chosen when the client offers it; commands receive their whole ExecuteCommandParams."""
+
+    _server: "LladaServer"
+
+    def structure_message(self, data: dict[str, Any]):
+        try:
+            return super().structure_message(data)
+        except JsonRpcException as err:
+            if not isinstance(data, dict) or not isinstance(data.get("id"), (int, str)) or isinstance(data["id"], bool):
+                raise
+            reason = _why(err.__cause__) or err.message
+            if "method" in data:
+                return MalformedRequest(data["id"], str(data["method"]), reason)
+            # A malformed response to one of our requests still settles it, so nothing waits forever.
+            return types.ResponseErrorMessage(id=data["id"], error=types.ResponseError(INVALID_PARAMS, reason))
+
+    def handle_message(self, message):
+        if isinstance(message, MalformedRequest):
+            text = f"invalid params for {message.method}: {message.reason}"
+            self._server.log(text, types.MessageType.Error)
+            self._send_response(message.id, error=types.ResponseError(INVALID_PARAMS, text))
+        elif self._shutdown and hasattr(message, "method") and hasattr(message, "id") and message.method != types.EXIT:
+            self._send_response(message.id, error=types.ResponseError(INVALID_REQUEST, "the server is shutting down"))
+        else:
+            super().handle_message(message)
+
+    @lsp_method(types.INITIALIZE)
+    def lsp_initialize(self, params: types.InitializeParams):
+        offered = params.capabilities.general and params.capabilities.general.position_encodings
+        if offered and UTF8 in offered:  # pygls takes the client's first choice; the issue asks for UTF-8
+            params.capabilities.general.position_encodings = [UTF8]
+        return (yield from super().lsp_initialize(params))
+
+    @lsp_method(types.EXIT)
+    def lsp_exit(self, *args):
+        if not isinstance(self.writer, asyncio.StreamWriter):  # stdio: pygls closes stdout and exits
+            return (yield from super().lsp_exit(*args))
+        # TCP: pygls would raise SystemExit inside asyncio's connection callback; closing the connection
+        # ends its read loop instead, and start_tcp returns.
+        if (handler := self.fm.features.get(types.EXIT)) is not None:
+            yield handler, args, None
+        self.writer.close()
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
+    def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams):
+        doc = params.text_document
+        self._server.documents.open(doc.uri, doc.version, doc.text)
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
+    def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams):
+        self._server.apply_changes(params)
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
+    def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams):
+        self._server.documents.close(params.text_document.uri)
+        if self._server.worker is not None:
+            self._server.worker.cancel_key(params.text_document.uri)
+
+    @lsp_method(types.WORKSPACE_EXECUTE_COMMAND)
+    def lsp_workspace__execute_command(self, params: types.ExecuteCommandParams):
+        handler = self.fm.commands.get(params.command)
+        if handler is None:
+            raise JsonRpcInvalidParams(f"unknown command {params.command!r}")
+        return (yield handler, (params,), None)
+
+
+def _why(error: BaseException | None) -> str:
+    if isinstance(error, cattrs.BaseValidationError):
+        return "; ".join(cattrs.transform_error(error))
+    return str(error or "")
+
+
+class LladaServer(LanguageServer):
+    def __init__(self, launch: Launch):
+        super().__init__("llada-lsp", __version__, protocol_cls=LladaProtocol, converter_factory=default_converter,
+                         text_document_sync_kind=types.TextDocumentSyncKind.Incremental)  # fmt: skip
+        self.launch, self.settings = launch, launch.defaults
+        self.documents = Documents()
+        self.worker: ModelWorker | None = None
+        self.drafts = False  # the client opted in to llada/draft notifications
+        self.shutdown_requested = False
+        self._load_ticket: Ticket | None = None
+        self._load_token: str | None = None
+        self._load_message = "starting"
+        self._tasks: set[asyncio.Task] = set()
+
+    def background(self, coroutine) -> None:
+        """Runs a coroutine on the loop, holding a reference until it ends."""
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- feedback -------------------------------------------------------------------------------
+    def log(self, message: str, kind: types.MessageType = types.MessageType.Log) -> None:
+        logger.log(logging.ERROR if kind == types.MessageType.Error else logging.DEBUG, "%s", message)
+        self.window_log_message(types.LogMessageParams(type=kind, message=f"llada: {message}"))
+
+    def show(self, message: str, kind: types.MessageType = types.MessageType.Error) -> None:
+        self.log(message, kind)
+        self.window_show_message(types.ShowMessageParams(type=kind, message=f"llada: {message}"))
+
+    def report_server_error(self, error: Exception, source) -> None:
+        """pygls' out-of-band errors (a notification that failed) go to the log, not to a popup; a
+        failed request already carries its error in the response."""
+        if source is not FeatureRequestError:
+            self.log(f"{source.__name__}: {error}", types.MessageType.Error)
+
+    # --- settings and the model -----------------------------------------------------------------
+    def configure(self, raw: Any) -> bool:
+        """Applies settings; True when the model changed and a new one is loading."""
+        before = self.settings
+        self.settings, errors = parse_settings(raw, self.settings, self.launch.defaults)
+        for error in errors:
+            self.show(error, types.MessageType.Warning)
+        if self.worker is not None and self.settings.model != before.model:
+            self.start_load()
+            return True
+        return False
+
+    def start_load(self) -> Ticket:
+        if self.worker is None:
+            self.worker = ModelWorker(asyncio.get_running_loop(), self.log, self.launch.step_delay)
+        spec = ModelSpec(self.settings.model, self.launch.device, self.launch.dtype)
+        self._load_ticket = ticket = self.worker.load(spec, self._on_load_report)
+        loop = asyncio.get_running_loop()
+        ticket.future.add_done_callback(lambda f: loop.call_soon_threadsafe(self._on_loaded, f, spec))
+        return ticket
+
+    def _on_load_report(self, message: str, percent: int) -> None:
+        self._load_message = message
+        if self._load_token is not None:
+            report = types.WorkDoneProgressReport(message=message, percentage=percent)
+            self.work_done_progress.report(self._load_token, report)
+
+    def _on_loaded(self, future, spec: ModelSpec) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            self.show(f"cannot load the model {spec.name}: {future.exception()}")
+
+    async def show_load_progress(self) -> None:
+        """$/progress while the model loads, if the client supports server-initiated progress."""
+        ticket = self._load_ticket
+        window = self.client_capabilities.window
+        if ticket is None or not (window and window.work_done_progress):
+            return
+        token = f"llada-load-{uuid.uuid4()}"
+        try:
+            await self.work_done_progress.create_async(token)
+        except Exception as err:  # the client refused the token: no progress bar, nothing else changes
+            self.log(f"no progress bar for loading: {err}")
+            return
+        self._load_token = token
+        begin = types.WorkDoneProgressBegin(title="llada: loading the model", message=self._load_message, percentage=0)
+        self.work_done_progress.begin(token, begin)
+        await asyncio.wait([asyncio.wrap_future(ticket.future)])
+        self._load_token = None
+        self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=self.worker.state if self.worker else ""))
+
+    def status(self) -> dict[str, Any]:
+        worker = self.worker
+        out = {
+            "model": worker.spec.name if worker else ModelSpec(self.settings.model).name,
+            "state": worker.state if worker else "loading",
+            "inlineMode": self.settings.inline_mode,
+            "rewriteMode": self.settings.rewrite_mode,
+        }
+        if worker and worker.error:
+            out["error"] = worker.error
+        return out
+
+    # --- documents and positions ----------------------------------------------------------------
+    @property
+    def encoding(self) -> str:
+        chosen = self.workspace.position_encoding
+        return str(getattr(chosen, "value", chosen) or UTF16)
+
+    def apply_changes(self, params: types.DidChangeTextDocumentParams) -> None:
+        doc = self.documents.get(params.text_document.uri)
+        if doc is None:
+            self.log(f"didChange for {params.text_document.uri}, which is not open: ignored", types.MessageType.Warning)
+            return
+        for change in params.content_changes:
+            if isinstance(change, types.TextDocumentContentChangePartial):
+                a, b = change.range.start, change.range.end
+                if not doc.edit((a.line, a.character), (b.line, b.character), change.text, self.encoding):
+                    self.log(f"{doc.uri}: an edit past the end was clamped to its end", types.MessageType.Warning)
+            else:
+                doc.replace(change.text)
+        doc.version = params.text_document.version
+
+    def locate(self, uri: str, position: types.Position) -> tuple[Document, int, types.Position] | None:
+        """(document, str offset, the position normalized) or None for an unknown document or a line
+        past the end; a character past the end of its line means the line's end, as the LSP says."""
+        doc = self.documents.get(uri)
+        offset = doc.offset(position.line, position.character, self.encoding) if doc else None
+        if offset is None:
+            return None
+        return doc, offset, types.Position(*doc.position(offset, self.encoding))
+
+    def span(self, doc: Document, rng: types.Range) -> tuple[int, int, types.Range]:
+        """str offsets of a range and the range normalized; InvalidParams if it is not in the document."""
+        start = doc.offset(rng.start.line, rng.start.character, self.encoding)
+        end = doc.offset(rng.end.line, rng.end.character, self.encoding)
+        if start is None or end is None or end < start:
+            raise JsonRpcInvalidParams(f"the range {rng} is outside the document or ends before it starts")
+        a, b = doc.position(start, self.encoding), doc.position(end, self.encoding)
+        return start, end, types.Range(types.Position(*a), types.Position(*b))
+
+    # --- model jobs -----------------------------------------------------------------------------
+    async def complete(self, doc: Document, offset: int, at: types.Position, method: str) -> str:
+        """The inline completion at `offset`, with drafts to clients that asked for them. A newer request
+        for the same document supersedes this one (it then answers RequestCancelled)."""
+        s, request_id = self.settings, self.protocol.msg_id
+        job = Infill(doc.text, offset, s.inline_mode, s.max_completion_tokens, s.context_tokens)
+        send = self._draft_sender(doc, request_id, at) if self.drafts else None
+        label = f"{method} {request_id}"
+        outcome = await self.run_job(doc.uri, label, lambda model, t: run_infill(model, job, t, t.emit), send)
+        if send is not None:
+            send(outcome.steps, outcome.text, final=True)
+        return outcome.text
+
+    def _draft_sender(self, doc: Document, request_id, at: types.Position) -> Callable:
+        uri, version = doc.uri, doc.version
+        where = {"line": at.line, "character": at.character}
+
+        def send(step: int, text: str, final: bool = False) -> None:
+            params = {"uri": uri, "version": version, "requestId": request_id, "step": step, "final": final,
+                      "range": {"start": where, "end": where}, "text": text}  # fmt: skip
+            self.protocol.notify(DRAFT, params)
+
+        return send
+
+    async def run_job(self, key: str, label: str, job: Callable, on_draft: Callable | None = None) -> Outcome:
+        if self.worker is None:
+            raise JsonRpcException("llada: the server is not initialized", code=REQUEST_FAILED)
+        ticket = self.worker.submit(key, label, job, on_draft)
+        try:
+            return await asyncio.wrap_future(ticket.future)
+        except asyncio.CancelledError:  # $/cancelRequest, a newer request, or shutdown
+            ticket.cancel()
+            raise
+        except ModelUnavailable as err:
+            raise JsonRpcException(f"llada: no model: {err}", code=REQUEST_FAILED) from None
+        except SelectionTooLong as err:
+            raise JsonRpcException(f"llada: {err}", code=REQUEST_FAILED) from None
+
+    async def apply_rewrite(self, arg: "RewriteArgument", target: types.Range, text: str) -> dict[str, Any]:
+        """workspace/applyEdit of the rewrite, versioned: a document that moved on is left alone."""
+        doc = self.documents.get(arg.uri)
+        if doc is None or doc.version != arg.version:
+            return self.not_applied(arg, text)
+        change = types.TextDocumentEdit(
+            types.OptionalVersionedTextDocumentIdentifier(arg.uri, arg.version), [types.TextEdit(target, text)]
+        )  # fmt: skip
+        edit = types.ApplyWorkspaceEditParams(types.WorkspaceEdit(document_changes=[change]), label="llada: rewrite")
+        answer = await self.workspace_apply_edit_async(edit)
+        if answer.applied:
+            return {"applied": True, "text": text}
+        return {"applied": False, "text": text, "reason": answer.failure_reason or "the client did not apply the edit"}
+
+    def not_applied(self, arg: "RewriteArgument", text: str = "") -> dict[str, Any]:
+        doc = self.documents.get(arg.uri)
+        if doc is None:
+            reason = f"{arg.uri} is not open"
+        else:
+            reason = f"the document is at version {doc.version}, the rewrite was asked for version {arg.version}"
+        return {"applied": False, "text": text, "reason": reason}
+
+
+# --- handlers ---------------------------------------------------------------------------------------
+def initialize(ls: LladaServer, params: types.InitializeParams) -> None:
+    experimental = params.capabilities.experimental
+    ls.drafts = isinstance(experimental, dict) and experimental.get("lladaDrafts") is True
+    ls.configure(params.initialization_options)
+    ls.start_load()
+
+
+async def initialized(ls: LladaServer, params: types.InitializedParams) -> None:
+    await ls.show_load_progress()
+
+
+def did_change_configuration(ls: LladaServer, params: types.DidChangeConfigurationParams) -> None:
+    if ls.configure(settings_section(params.settings)):
+        ls.background(ls.show_load_progress())
+
+
+async def inline_completion(ls: LladaServer, params: types.InlineCompletionParams) -> types.InlineCompletionList:
+    found = ls.locate(params.text_document.uri, params.position)
+    if found is None:
+        return types.InlineCompletionList(items=[])
+    doc, offset, at = found
+    text = await ls.complete(doc, offset, at, "inline")
+    items = [types.InlineCompletionItem(insert_text=text, range=types.Range(at, at))] if text else []
+    return types.InlineCompletionList(items=items)
+
+
+async def completion(ls: LladaServer, params: types.CompletionParams) -> types.CompletionList:
+    found = ls.locate(params.text_document.uri, params.position)
+    if found is None:
+        return types.CompletionList(is_incomplete=True, items=[])
+    doc, offset, at = found
+    text = await ls.complete(doc, offset, at, "completion")
+    if not text:
+        return types.CompletionList(is_incomplete=True, items=[])
+    item = types.CompletionItem(
+        label=text.strip().splitlines()[0], kind=types.CompletionItemKind.Text, detail="llada",
+        text_edit=types.TextEdit(types.Range(at, at), text), insert_text_format=types.InsertTextFormat.PlainText,
+        sort_text="0",
+    )  # fmt: skip
+    return types.CompletionList(is_incomplete=True, items=[item])
+
+
+@dataclass(frozen=True)
+class RewriteArgument:
+    """The one argument of llada.rewriteSelection (docs/protocol.md)."""
+
+    uri: str
+    version: int
+    range: types.Range
+    instruction: str | None
+
+    @classmethod
+    def parse(cls, arguments: Any) -> "RewriteArgument":
+        usage = f"{REWRITE} takes one argument {{textDocument: {{uri, version}}, range, instruction?}}"
+        if not isinstance(arguments, (list, tuple)) or len(arguments) != 1 or not isinstance(arguments[0], dict):
+            raise JsonRpcInvalidParams(usage)
+        arg = arguments[0]
+        doc, instruction = arg.get("textDocument"), arg.get("instruction")
+        if not isinstance(doc, dict) or not isinstance(doc.get("uri"), str) or type(doc.get("version")) is not int:
+            raise JsonRpcInvalidParams(f"{usage}: textDocument needs a string uri and an integer version")
+        if instruction is not None and not isinstance(instruction, str):
+            raise JsonRpcInvalidParams(f"{usage}: instruction must be a string")
+        try:
+            rng = _CONVERTER.structure(arg.get("range"), types.Range)
+        except (cattrs.BaseValidationError, TypeError, ValueError) as err:
+            raise JsonRpcInvalidParams(f"{usage}: range: {_why(err) or err}") from None
+        return cls(doc["uri"], doc["version"], rng, instruction or None)
+
+
+async def rewrite_selection(ls: LladaServer, params: types.ExecuteCommandParams) -> dict[str, Any]:
+    arg = RewriteArgument.parse(params.arguments)
+    doc = ls.documents.get(arg.uri)
+    if doc is None or doc.version != arg.version:
+        return ls.not_applied(arg)
+    start, end, target = ls.span(doc, arg.range)
+    job = Rewrite(doc.text, start, end, ls.settings.rewrite_mode, ls.settings.context_tokens, arg.instruction)
+    with WorkDone(ls, params.work_done_token, "llada: rewriting the selection") as progress:
+        outcome = await ls.run_job(f"rewrite:{arg.uri}", f"rewrite {ls.protocol.msg_id}",
+                                   lambda m, t: run_rewrite(m, job, t, t.emit), progress.step)  # fmt: skip
+    return await ls.apply_rewrite(arg, target, outcome.text)
+
+
+class WorkDone:
+    """Work-done progress on a client-given token: begin, one report per denoising step, end."""
+
+    def __init__(self, ls: LladaServer, token, title: str):
+        self.ls, self.token, self.title = ls, token, title
+
+    def __enter__(self) -> "WorkDone":
+        if self.token is not None:
+            self.ls.work_done_progress.begin(self.token, types.WorkDoneProgressBegin(title=self.title))
+        return self
+
+    def step(self, step: int, _payload: Any) -> None:
+        if self.token is not None:
+            self.ls.work_done_progress.report(self.token, types.WorkDoneProgressReport(message=f"step {step}"))
+
+    def __exit__(self, *exc) -> None:
+        if self.token is not None:
+            self.ls.work_done_progress.end(self.token, types.WorkDoneProgressEnd())
+
+
+def status(ls: LladaServer, params: types.ExecuteCommandParams) -> dict[str, Any]:
+    return ls.status()
+
+
+def shutdown(ls: LladaServer, params: None) -> None:
+    ls.shutdown_requested = True
+    if ls.worker is not None:
+        ls.worker.stop()
+
+
+def exit_(ls: LladaServer, params: None) -> None:
+    if ls.worker is not None:
+        ls.worker.stop()
+
+
+def create_server(launch: Launch) -> LladaServer:
+    ls = LladaServer(launch)
+    ls.feature(types.INITIALIZE)(initialize)
+    ls.feature(types.INITIALIZED)(initialized)
+    ls.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)(did_change_configuration)
+    ls.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())(inline_completion)
+    ls.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions())(completion)
+    ls.feature(types.SHUTDOWN)(shutdown)
+    ls.feature(types.EXIT)(exit_)
+    ls.command(REWRITE)(rewrite_selection)
+    ls.command(STATUS)(status)
+    return ls
+
+
+# --- command line -----------------------------------------------------------------------------------
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="llada-lsp",
+        description="The llada-lsp language server: inline code completions from a LLaDA2.1 block-diffusion "
+        "model, over stdio (what editors start) or TCP. Clients can override the model and modes with "
+        "initializationOptions and workspace/didChangeConfiguration (see docs/protocol.md).",
+    )
+    ap.add_argument("--tcp", metavar="HOST:PORT", help="serve one client over TCP instead of stdio")
+    ap.add_argument("--model", metavar="PATH|HF-ID", help="a model folder or a Hugging Face id in the local cache "
+                    "(nothing is downloaded); default: the embedded tiny model")  # fmt: skip
+    ap.add_argument("--device", help="cpu, cuda or cuda:N; default: cuda if available, else cpu")
+    ap.add_argument("--dtype", help="float32, bfloat16, float16 or float64; default: bfloat16 on CUDA, float32 on CPU")
+    ap.add_argument("--inline-mode", choices=MODES, default="speed",
+                    help="decoding preset of inline completions (default: speed)")  # fmt: skip
+    ap.add_argument("--rewrite-mode", choices=MODES, default="quality",
+                    help="decoding preset of rewrites (default: quality)")  # fmt: skip
+    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                    help="CPU threads of the model (default: half the cores, the rest left to the editor)")  # fmt: skip
+    ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                    help="what the server logs on stderr (default: warning)")  # fmt: skip
+    return ap
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    log_format = "llada-lsp %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format=log_format)
+    # Threads that outnumber the free cores spin against each other: a step can take 50x longer.
+    torch.set_num_threads(max(1, args.threads))
+    defaults = Settings(model=args.model, inline_mode=args.inline_mode, rewrite_mode=args.rewrite_mode)
+    step_delay = float(os.environ.get("LLADA_LSP_TEST_STEP_DELAY_MS", "0") or 0) / 1000
+    ls = create_server(Launch(defaults, args.device, args.dtype, step_delay))
+    if args.tcp:
+        host, _, port = args.tcp.rpartition(":")
+        if not port.isdigit():
+            parser().error(f"--tcp wants HOST:PORT, got {args.tcp!r}")
+        ls.start_tcp(host or "127.0.0.1", int(port))
+    else:
+        ls.start_io()
+    if ls.worker is not None:
+        ls.worker.stop()
+    return 0 if ls.shutdown_requested else 1

@@ -1,0 +1,203 @@
+"""Prompts for infill and rewrite: the text around the cursor cut to a token budget (prefix first, its
+start kept still while the user types on one line), in the FIM or the chat layout of the tokenizer.
+
+Knows nothing of the LSP, positions or tensors: strings in, token ids out (through `TextCodec`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..prompting import SpecialIds, chat_infill_prompt, fim_ids
+
+QUANTUM = 32  # the cursor line's share of the prefix grows in steps of (at most) one block, so its start stays put
+CHARS_PER_TOKEN = 16  # bounds the text looked at (a 2 MB document is never tokenized whole)
+_HOLE_PREFIX, _HOLE_SUFFIX = "\ue000", "\ue001"  # private-use sentinels to split the chat template
+
+
+@dataclass(frozen=True)
+class TextCodec:
+    """The tokenizer as the server needs it. Document text is encoded literally: a document that
+    contains the string "<|endoftext|>" must not produce the special token."""
+
+    tokenizer: Any
+    special: SpecialIds
+    stop_ids: frozenset[int]  # ids that end a generation: every special id but the mask
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> "TextCodec":
+        special = SpecialIds.from_tokenizer(tokenizer)
+        stops = {i for i in tokenizer.all_special_ids if i != special.mask}
+        if special.eos is not None:
+            stops.add(special.eos)
+        return cls(tokenizer, special, frozenset(stops))
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0] if text else []
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        out = self.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        return [list(ids) for ids in out]
+
+    def encode_markup(self, text: str) -> list[int]:
+        """Template text, whose special tokens (chat roles) must become special ids."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def text_of(self, ids: list[int]) -> tuple[str, bool]:
+        """Generated ids -> (text up to the first stop id, whether a stop id was found). Bytes that
+        decode to no character (a character split across tokens, or byte soup) never reach a buffer."""
+        stop = next((i for i, t in enumerate(ids) if t in self.stop_ids), None)
+        text = self.decode(ids if stop is None else ids[:stop])
+        return text.replace("\ufffd", ""), stop is not None
+
+
+@dataclass(frozen=True)
+class InfillPrompt:
+    ids: list[int]
+    prefix: str  # the text kept before the hole
+    suffix: str  # the text kept after the hole
+    layout: str  # "fim" | "chat"
+
+
+@dataclass(frozen=True)
+class RewritePrompt:
+    prompt: InfillPrompt
+    init_ids: list[int]  # the selection, the draft the engine starts from
+    gen_length: int  # the selection plus room to grow
+
+
+class SelectionTooLong(ValueError):
+    pass
+
+
+def infill_prompt(before: str, after: str, codec: TextCodec, budget: int,
+                  instruction: str | None = None) -> InfillPrompt:  # fmt: skip
+    """`before`/`after`: the document text before and after the cursor. At most `budget` ids."""
+    layout = _Layout(codec, instruction)
+    room = budget - layout.overhead
+    if room < 1:
+        raise ValueError(f"a budget of {budget} tokens leaves no room for context (the layout takes {layout.overhead})")
+    suffix_share = min(len(codec.encode(after[: room // 4 * CHARS_PER_TOKEN])), room // 4)
+    prefix_ids, prefix = cut_prefix(before, codec, room - suffix_share)
+    suffix_ids, suffix = cut_suffix(after, codec, room - len(prefix_ids))
+    return InfillPrompt(layout.ids(prefix_ids, suffix_ids), prefix, suffix, layout.name)
+
+
+def rewrite_prompt(before: str, selection: str, after: str, codec: TextCodec, max_positions: int,
+                   context_tokens: int, instruction: str | None = None) -> RewritePrompt:  # fmt: skip
+    """The selection is the initial draft of the generated blocks, followed by masks for room to grow."""
+    init_ids = codec.encode(selection)
+    gen_length = len(init_ids) + max(8, len(init_ids) // 4)
+    min_prompt = min(64, max_positions // 4)
+    if gen_length > max_positions - min_prompt:
+        raise SelectionTooLong(
+            f"the selection is {len(init_ids)} tokens; this model rewrites at most "
+            f"{max(0, (max_positions - min_prompt) * 4 // 5)}"
+        )
+    task = None
+    if not codec.special.has_fim:
+        task = ("Rewrite the code at <HOLE>" + (f" ({instruction})" if instruction else "") + ". It is now:\n"
+                f"```\n{selection}\n```\nAnswer with the new code only, no explanation.")  # fmt: skip
+    budget = min(context_tokens, max_positions - gen_length)
+    return RewritePrompt(infill_prompt(before, after, codec, budget, task), init_ids, gen_length)
+
+
+def cut_prefix(before: str, codec: TextCodec, cap: int) -> tuple[list[int], str]:
+    """The end of `before` in at most `cap` ids. Where it starts depends only on the lines above the
+    cursor line and on the cursor line's length in steps of `quantum` ids, so typing on one line keeps
+    the same start, the same leading ids, and the engine reuses their cached blocks."""
+    if cap <= 0:
+        return [], ""
+    cut = before.rfind("\n") + 1
+    above, head = before[:cut], before[cut:]
+    head_ids = codec.encode(head)
+    quantum = min(QUANTUM, max(4, cap // 8))  # small budgets cannot spare a whole block
+    reserve = -(-(len(head_ids) + 1) // quantum) * quantum
+    if reserve >= cap:  # a very long cursor line: keep its end
+        ids = head_ids[-cap:]
+        return ids, codec.decode(ids)
+    lines = _lines_upward(above, (cap - reserve) * CHARS_PER_TOKEN)
+    encoded = codec.encode_batch(lines)
+    take, total = 0, 0
+    for n in map(len, encoded):
+        if total + n > cap - reserve:
+            break
+        take, total = take + 1, total + n
+    # The line that does not fit fills the rest with its end: a long line must not hand the prefix's
+    # share to the suffix. The cut is still a function of the lines above, so it stays put too.
+    left = cap - reserve - total
+    partial = codec.decode(encoded[take][-left:]).lstrip("\ufffd") if take < len(lines) and left >= 4 else ""
+    while True:  # per-line counts are close to, not exactly, the count of the joined text
+        text = partial + "".join(reversed(lines[:take])) + head
+        ids = codec.encode(text)
+        if len(ids) <= cap or (take == 0 and not partial):
+            break
+        partial, take = "", take - (not partial)
+    if len(ids) > cap:
+        ids = ids[-cap:]
+        text = codec.decode(ids)
+    return ids, text
+
+
+def cut_suffix(after: str, codec: TextCodec, cap: int) -> tuple[list[int], str]:
+    """The start of `after` in at most `cap` ids, ending at a line end when a whole line fits."""
+    if cap <= 0 or not after:
+        return [], ""
+    lines = after[: cap * CHARS_PER_TOKEN].splitlines(keepends=True)
+    take, total = 0, 0
+    for n in map(len, codec.encode_batch(lines)):
+        if total + n > cap:
+            break
+        take, total = take + 1, total + n
+    if take == 0:  # not even the rest of the cursor line fits: keep its start
+        ids = codec.encode(lines[0])[:cap]
+        return ids, codec.decode(ids)
+    while True:
+        text = "".join(lines[:take])
+        ids = codec.encode(text)
+        if len(ids) <= cap or take == 1:
+            break
+        take -= 1
+    if len(ids) > cap:
+        ids = ids[:cap]
+        text = codec.decode(ids)
+    return ids, text
+
+
+def _lines_upward(above: str, max_chars: int) -> list[str]:
+    """The complete lines at the end of `above`, nearest first, at most about `max_chars` characters."""
+    lines, end, used = [], len(above), 0
+    while end > 0 and used < max_chars:
+        start = above.rfind("\n", 0, end - 1) + 1
+        lines.append(above[start:end])
+        used += end - start
+        end = start
+    return lines
+
+
+class _Layout:
+    """FIM ids when the tokenizer has the tokens (the embedded model); else the LLaDA2.1 chat template
+    with the hole described in words (the real checkpoints have no FIM tokens)."""
+
+    def __init__(self, codec: TextCodec, instruction: str | None):
+        self.special = codec.special
+        if self.special.has_fim and instruction is None:
+            self.name, self.overhead = "fim", 3
+            return
+        self.name = "chat"
+        full = chat_infill_prompt(_HOLE_PREFIX, _HOLE_SUFFIX, instruction)
+        head, rest = full.split(_HOLE_PREFIX)
+        hole, tail = rest.split(_HOLE_SUFFIX)
+        self.head, self.hole, self.tail = codec.encode_markup(head), codec.encode(hole), codec.encode_markup(tail)
+        self.overhead = len(self.head) + len(self.hole) + len(self.tail)
+
+    def ids(self, prefix_ids: list[int], suffix_ids: list[int]) -> list[int]:
+        if self.name == "fim":
+            return fim_ids(prefix_ids, suffix_ids, [], self.special)
+        return [*self.head, *prefix_ids, *self.hole, *suffix_ids, *self.tail]

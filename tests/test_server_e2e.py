@@ -1,0 +1,441 @@
+"""End-to-end: the real server (`python -m llada_lsp`) over stdio with the embedded model, driven by
+pytest-lsp as an editor would drive it. Nothing here sleeps: tests await responses and notifications.
+
+One server (drafts on, UTF-16) serves most tests; a second one, slowed by a test hook, serves those
+that need a request still running when the next message arrives; others start their own where the
+initialization differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import sys
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import torch
+from lsprotocol import types as t
+from pygls.exceptions import JsonRpcException
+from pygls.protocol.json_rpc import JsonRPCRequestMessage
+from pygls.protocol import default_converter
+from pytest_lsp import ClientServerConfig, LanguageClient
+from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, register_lsp_features
+
+from llada_lsp.model import EMBEDDED_MODEL, LLaDA2, LLaDA2Config, save_model
+from llada_lsp.server import jobs
+from llada_lsp.training.train import init_weights
+
+pytestmark = [
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.skipif(not (EMBEDDED_MODEL / "config.json").is_file(), reason="no embedded model in llada_lsp/data/tiny"),
+]
+
+TIMEOUT = float(os.environ.get("LLADA_TEST_TIMEOUT", "120"))
+SERVER = [sys.executable, "-m", "llada_lsp"]
+SOURCE = "def add(a, b):\n    return a + \n\n\ndef sub(a, b):\n    \n\nprint(add(1, 2))\n"
+MID_LINE = t.Position(1, 15)  # after "return a + "
+EMPTY_LINE = t.Position(5, 4)  # the indented empty line of sub()
+
+
+class Editor:
+    """A pytest-lsp client plus what the server sent it: drafts, applied edits, log lines."""
+
+    def __init__(self, client: LanguageClient):
+        self.client = client
+        self.drafts: list[Any] = []
+        self.edits: list[t.ApplyWorkspaceEditParams] = []
+        self.refuse_edits = False
+        self._waiters: list[tuple[Any, Future]] = []
+        self._docs = 0
+        client.feature("llada/draft")(lambda params: self._on_draft(params))
+        client.feature(t.WORKSPACE_APPLY_EDIT)(lambda params: self._on_apply_edit(params))
+        client.feature(t.WINDOW_LOG_MESSAGE)(lambda params: self._on_log(params))
+
+    # --- what the server sends ----------------------------------------------------------------
+    def _on_draft(self, params) -> None:
+        self.drafts.append(params)
+        self._wake(params)
+
+    def _on_apply_edit(self, params: t.ApplyWorkspaceEditParams) -> t.ApplyWorkspaceEditResult:
+        self.edits.append(params)
+        if self.refuse_edits:
+            return t.ApplyWorkspaceEditResult(applied=False, failure_reason="the user undid it")
+        return t.ApplyWorkspaceEditResult(applied=True)
+
+    def _on_log(self, params: t.LogMessageParams) -> None:
+        self.client.log_messages.append(params)
+        self._wake(params)
+
+    def _wake(self, params) -> None:
+        for predicate, future in list(self._waiters):
+            if not future.done() and predicate(params):
+                future.set_result(params)
+
+    async def until(self, predicate, seen: list[Any] = ()) -> Any:
+        """The first notification (draft or log message) for which `predicate` holds, past or future."""
+        for params in seen:
+            if predicate(params):
+                return params
+        future: Future = Future()
+        self._waiters.append((predicate, future))
+        return await asyncio.wait_for(asyncio.wrap_future(future), TIMEOUT)
+
+    # --- what an editor sends -----------------------------------------------------------------
+    def open(self, text: str = SOURCE) -> str:
+        self._docs += 1
+        uri = f"file:///tmp/llada-test/doc{self._docs}.py"
+        self.client.text_document_did_open(t.DidOpenTextDocumentParams(t.TextDocumentItem(uri, "python", 1, text)))
+        return uri
+
+    def change(self, uri: str, version: int, start: tuple[int, int], end: tuple[int, int], text: str) -> None:
+        change = t.TextDocumentContentChangePartial(range=t.Range(t.Position(*start), t.Position(*end)), text=text)
+        document = t.VersionedTextDocumentIdentifier(version=version, uri=uri)
+        self.client.text_document_did_change(t.DidChangeTextDocumentParams(document, [change]))
+
+    async def request(self, method: str, params: Any, msg_id: int | str | None = None) -> Any:
+        return await asyncio.wait_for(self.client.protocol.send_request_async(method, params, msg_id=msg_id), TIMEOUT)
+
+    async def inline(self, uri: str, position: t.Position, msg_id: int | None = None) -> t.InlineCompletionList:
+        params = t.InlineCompletionParams(
+            text_document=t.TextDocumentIdentifier(uri), position=position,
+            context=t.InlineCompletionContext(t.InlineCompletionTriggerKind.Automatic),
+        )  # fmt: skip
+        return await self.request(t.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id)
+
+    async def command(self, command: str, *arguments, token: str | None = None) -> Any:
+        params = t.ExecuteCommandParams(command=command, arguments=list(arguments) or None, work_done_token=token)
+        return await self.request(t.WORKSPACE_EXECUTE_COMMAND, params)
+
+    async def raw(self, method: str, params: Any, msg_id: int) -> Any:
+        """A request with params sent as given, past the client's own typing (pygls internals)."""
+        protocol = self.client.protocol
+        future: Future = Future()
+        protocol._request_futures[msg_id] = future
+        protocol._send_data(JsonRPCRequestMessage(id=msg_id, method=method, jsonrpc="2.0", params=params))
+        return await asyncio.wait_for(asyncio.wrap_future(future), TIMEOUT)
+
+
+def make_client() -> LanguageClient:
+    """pytest-lsp's client, with its logMessage handler left for Editor to install (it wakes waiters)."""
+    client = LanguageClient(converter_factory=default_converter)
+    register_lsp_features(client, {m: f for m, f in DEFAULT_CLIENT_FEATURES.items() if m != t.WINDOW_LOG_MESSAGE})
+    return client
+
+
+async def start(*, drafts: bool = True, encodings: list[str] | None = None, options: dict | None = None,
+                env: dict[str, str] | None = None, threads: int | None = None) -> Editor:  # fmt: skip
+    command = SERVER + (["--threads", str(threads)] if threads else [])
+    config = ClientServerConfig(command, client_factory=make_client, server_env={**os.environ, **(env or {})})
+    client = await config.start()
+    editor = Editor(client)
+    capabilities = t.ClientCapabilities(
+        general=t.GeneralClientCapabilities(position_encodings=encodings),
+        window=t.WindowClientCapabilities(work_done_progress=True),
+        workspace=t.WorkspaceClientCapabilities(apply_edit=True),
+        experimental={"lladaDrafts": True} if drafts else None,
+    )  # fmt: skip
+    options = {"maxCompletionTokens": 32, **(options or {})}
+    params = t.InitializeParams(capabilities=capabilities, initialization_options=options)
+    editor.result = await asyncio.wait_for(client.initialize_session(params), TIMEOUT)
+    return editor
+
+
+async def stop(editor: Editor) -> int:
+    """shutdown + exit, as editors end a session; returns the server's exit code."""
+    await asyncio.wait_for(editor.client.shutdown_session(), TIMEOUT)
+    code = editor.client._server.returncode
+    await editor.client.stop()
+    return code
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def editor():
+    editor = await start(options={"inlineMode": "fast"})
+    yield editor
+    assert await stop(editor) == 0, "shutdown + exit must end the server with exit code 0"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def slow_editor():
+    """Every denoising step lasts 150 ms more (the server's test hook): a request is surely still
+    running when the next request or the cancel arrives, whatever the model does."""
+    editor = await start(options={"maxCompletionTokens": 8}, env={"LLADA_LSP_TEST_STEP_DELAY_MS": "150"})
+    yield editor
+    assert await stop(editor) == 0
+
+
+def error_code(outcome: BaseException | Any) -> int | None:
+    return outcome.code if isinstance(outcome, JsonRpcException) else None
+
+
+async def outcome(awaitable) -> Any:
+    """The result, or the error the request was answered with."""
+    return (await asyncio.gather(awaitable, return_exceptions=True))[0]
+
+
+def span(l1: int, c1: int, l2: int, c2: int) -> dict:
+    return {"start": {"line": l1, "character": c1}, "end": {"line": l2, "character": c2}}
+
+
+# --- tests ---------------------------------------------------------------------------------------
+async def test_capabilities_and_bad_option_reported(editor: Editor):
+    caps = editor.result.capabilities
+    assert caps.inline_completion_provider is not None and caps.completion_provider is not None
+    assert caps.text_document_sync.change == t.TextDocumentSyncKind.Incremental
+    assert {"llada.rewriteSelection", "llada.status"} <= set(caps.execute_command_provider.commands)
+    shown = [m.message for m in editor.client.messages]
+    assert any("inlineMode" in m and "fast" in m for m in shown), shown
+    status = await editor.command("llada.status")
+    assert status["inlineMode"] == "speed" and status["state"] in ("loading", "ready")
+
+    waiting = editor.client.wait_for_notification(t.WINDOW_SHOW_MESSAGE)
+    editor.client.workspace_did_change_configuration(
+        t.DidChangeConfigurationParams(settings={"llada": {"contextTokens": "lots", "rewriteMode": "speed"}}))
+    shown = await asyncio.wait_for(waiting, TIMEOUT)
+    assert "contextTokens" in shown.message
+    status = await editor.command("llada.status")
+    assert status["rewriteMode"] == "speed" and status["inlineMode"] == "speed"
+    editor.client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings={"rewriteMode": "quality"}))
+
+
+async def test_model_loaded_with_progress(editor: Editor):
+    await editor.inline(editor.open(), MID_LINE)  # queued behind the load: answered once it is ready
+    assert (await editor.command("llada.status"))["state"] == "ready"
+    reports = [r for token, rs in editor.client.progress_reports.items() if "load" in str(token) for r in rs]
+    assert reports and reports[0].kind == "begin" and reports[-1].kind == "end"
+
+
+async def test_inline_mid_line_is_the_rest_of_the_line(editor: Editor):
+    uri = editor.open()
+    result = await editor.inline(uri, MID_LINE)
+    assert len(result.items) <= 1  # none when the model's answer starts a new line
+    for item in result.items:
+        assert item.range == t.Range(MID_LINE, MID_LINE)
+        assert item.insert_text and "\n" not in item.insert_text
+
+
+async def test_inline_on_an_empty_line_is_a_block(editor: Editor):
+    result = await editor.inline(editor.open(), EMPTY_LINE)
+    assert len(result.items) <= 1
+    for item in result.items:
+        assert item.range == t.Range(EMPTY_LINE, EMPTY_LINE)
+        lines = item.insert_text.split("\n")
+        assert lines[0].strip(), "the block starts on the cursor line"
+        assert all(line.strip() for line in lines), "a block ends at a blank line"
+        indent = 4 + len(lines[0]) - len(lines[0].lstrip())
+        assert all(len(line) - len(line.lstrip()) >= indent for line in lines[1:]), "a block ends at a dedent"
+
+
+async def test_completion_fallback_inserts_with_a_text_edit(editor: Editor):
+    uri = editor.open()
+    params = t.CompletionParams(text_document=t.TextDocumentIdentifier(uri), position=MID_LINE)
+    result = await editor.request(t.TEXT_DOCUMENT_COMPLETION, params)
+    assert isinstance(result, t.CompletionList) and len(result.items) <= 1
+    for item in result.items:
+        assert item.text_edit.range == t.Range(MID_LINE, MID_LINE) and item.text_edit.new_text
+        assert "\n" not in item.text_edit.new_text
+
+
+@pytest.fixture(scope="module")
+def untrained_model(tmp_path_factory) -> str:
+    """The embedded model's architecture and tokenizer with seeded random weights: its answers are
+    never empty, whatever stage the embedded model's training has reached."""
+    folder = tmp_path_factory.mktemp("untrained")
+    config = json.loads((EMBEDDED_MODEL / "config.json").read_text())
+    config = LLaDA2Config(**{k: v for k, v in config.items() if k not in ("model_type", "transformers_version", "dtype")})
+    network = LLaDA2(config)
+    init_weights(network, seed=3)
+    save_model(network, folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(EMBEDDED_MODEL / name, folder / name)
+    return str(folder)
+
+
+@pytest.mark.parametrize("which", ["embedded", "untrained"])
+async def test_answers_are_what_the_pipeline_computes_directly(which: str, request):
+    """The same requests through a fresh server and through `run_infill` in this process (the same
+    functions, one engine each, fed the same sequence) give the same text: positions, document sync,
+    settings and responses carry the pipeline's answer faithfully, and a non-empty one stays non-empty."""
+    path = request.getfixturevalue("untrained_model") if which == "untrained" else None
+    spots = (MID_LINE, EMPTY_LINE, t.Position(1, 10))
+    editor = await start(options={"inlineMode": "quality", "model": path}, threads=1)
+    try:
+        uri = editor.open()
+        served = [await editor.inline(uri, at) for at in spots]
+    finally:
+        assert await stop(editor) == 0
+    torch.set_num_threads(1)  # as the server: thread counts change float sums, hence near-tie argmaxes
+    model = jobs.load(jobs.ModelSpec(path), lambda *_: None)
+    lines = SOURCE.split("\n")
+    for answer, at in zip(served, spots):
+        offset = sum(len(line) + 1 for line in lines[: at.line]) + at.character
+        direct = jobs.run_infill(model, jobs.Infill(SOURCE, offset, "quality", 32, 1024), Never(), lambda *_: None)
+        assert [item.insert_text for item in answer.items] == ([direct.text] if direct.text else [])
+        if which == "untrained":
+            assert direct.text, "random weights answer with something: the plumbing must show it"
+
+
+class Never:
+    def is_set(self) -> bool:
+        return False
+
+
+async def test_drafts_arrive_before_the_final_answer(editor: Editor):
+    uri = editor.open()
+    answer = await editor.inline(uri, EMPTY_LINE, msg_id=9001)
+    drafts = [d for d in editor.drafts if d.requestId == 9001]
+    assert drafts, "a client with experimental.lladaDrafts gets drafts"
+    assert drafts[0].step == 1 and not drafts[0].final, "the first draft comes after the first step"
+    assert [d.step for d in drafts] == sorted(d.step for d in drafts)
+    assert [d.final for d in drafts] == [False] * (len(drafts) - 1) + [True], "the last draft, and only it, is final"
+    text = answer.items[0].insert_text if answer.items else ""
+    assert drafts[-1].text == text, "the final draft equals the response"
+    assert all(d.uri == uri and d.version == 1 for d in drafts)
+    where = {(d.range.start.line, d.range.start.character, d.range.end.line, d.range.end.character) for d in drafts}
+    assert where == {(5, 4, 5, 4)}, "the empty range at the cursor"
+
+
+async def test_a_new_request_supersedes_the_previous_one(slow_editor: Editor):
+    editor = slow_editor
+    uri = editor.open()
+    first = asyncio.ensure_future(editor.inline(uri, MID_LINE, msg_id=101))
+    await editor.until(lambda p: getattr(p, "requestId", None) == 101, editor.drafts)  # the first is generating
+    second = asyncio.ensure_future(editor.inline(uri, EMPTY_LINE, msg_id=102))
+    outcomes = [await outcome(first), await outcome(second)]
+    assert error_code(outcomes[0]) == -32800, outcomes[0]
+    assert isinstance(outcomes[1], t.InlineCompletionList), outcomes[1]
+    log = await editor.until(lambda p: re.search(r"inline 101: .*cancelled", str(p.message)), editor.client.log_messages)
+    assert re.search(r"\((0|1) steps? after the cancel\)", log.message), log.message
+
+
+async def test_cancel_request_stops_the_engine_within_a_step(slow_editor: Editor):
+    editor = slow_editor
+    pending = asyncio.ensure_future(editor.inline(editor.open(), EMPTY_LINE, msg_id=202))
+    await editor.until(lambda p: getattr(p, "requestId", None) == 202, editor.drafts)
+    editor.client.cancel_request(t.CancelParams(id=202))
+    answer = await outcome(pending)
+    assert error_code(answer) == -32800, answer
+    log = await editor.until(lambda p: re.search(r"inline 202: .*cancelled", str(p.message)), editor.client.log_messages)
+    assert re.search(r"\((0|1) steps? after the cancel\)", log.message), log.message
+    assert (await editor.command("llada.status"))["state"] == "ready", "the server keeps answering"
+    assert isinstance(await editor.inline(editor.open(), MID_LINE), t.InlineCompletionList)
+
+
+async def test_rewrite_is_applied_with_the_document_version(editor: Editor):
+    uri = editor.open()
+    editor.change(uri, 2, (5, 4), (5, 4), "return a - b")
+    selection = t.Range(t.Position(4, 0), t.Position(5, 16))
+    argument = {"textDocument": {"uri": uri, "version": 2}, "range": span(4, 0, 5, 16)}
+    editor.client.progress_reports["rewrite-1"] = []
+    result = await editor.command("llada.rewriteSelection", argument, token="rewrite-1")
+    assert result["applied"] is True and "reason" not in result
+    (edit,) = editor.edits
+    (change,) = edit.edit.document_changes
+    assert (change.text_document.uri, change.text_document.version) == (uri, 2)
+    assert change.edits[0].range == selection and change.edits[0].new_text == result["text"]
+    kinds = [r.kind for r in editor.client.progress_reports["rewrite-1"]]
+    assert kinds[0] == "begin" and kinds[-1] == "end" and "report" in kinds
+
+
+async def test_rewrite_of_a_stale_version_is_refused(editor: Editor):
+    uri = editor.open()
+    editor.change(uri, 2, (1, 15), (1, 15), "b")
+    before = len(editor.edits)
+    argument = {"textDocument": {"uri": uri, "version": 1}, "range": span(0, 0, 1, 16)}
+    result = await editor.command("llada.rewriteSelection", argument)
+    assert result["applied"] is False and "version 2" in result["reason"] and "version 1" in result["reason"]
+    assert len(editor.edits) == before, "nothing is sent to apply"
+
+    editor.refuse_edits = True
+    try:
+        argument["textDocument"]["version"] = 2
+        result = await editor.command("llada.rewriteSelection", argument)
+    finally:
+        editor.refuse_edits = False
+    assert result["applied"] is False and result["reason"] == "the user undid it"
+    assert len(editor.edits) == before + 1
+
+
+async def test_malformed_params_get_invalid_params(editor: Editor):
+    assert error_code(await outcome(editor.raw(t.TEXT_DOCUMENT_INLINE_COMPLETION, {}, 301))) == -32602
+    negative = {"textDocument": {"uri": "file:///x.py"}, "position": {"line": -1, "character": 0}}
+    assert error_code(await outcome(editor.raw(t.TEXT_DOCUMENT_INLINE_COMPLETION, negative, 302))) == -32602
+    wrong_type = {"textDocument": {"uri": "file:///x.py"}, "position": {"line": "one", "character": 0}}
+    assert error_code(await outcome(editor.raw(t.TEXT_DOCUMENT_COMPLETION, wrong_type, 303))) == -32602
+    uri = editor.open()
+    for argument in ([], [{"textDocument": {"uri": uri}}], ["text"], [{"textDocument": {"uri": uri, "version": 1}}],
+                     [{"textDocument": {"uri": uri, "version": 1}, "range": span(90, 0, 91, 0)}]):  # fmt: skip
+        params = {"command": "llada.rewriteSelection", "arguments": argument}
+        answer = await outcome(editor.raw(t.WORKSPACE_EXECUTE_COMMAND, params, 304))
+        assert error_code(answer) == -32602, (argument, answer)
+    assert (await editor.command("llada.status"))["state"] == "ready", "the server keeps answering"
+
+
+async def test_odd_positions_documents_and_edits_get_sensible_answers(editor: Editor):
+    assert (await editor.inline("file:///never/opened.py", MID_LINE)).items == ()
+    uri = editor.open()
+    assert (await editor.inline(uri, t.Position(99, 0))).items == ()
+    result = await editor.inline(uri, t.Position(1, 400))  # past the end of the line: at its end
+    assert all(item.range.start == t.Position(1, 15) for item in result.items)
+    editor.change(uri, 2, (50, 0), (60, 0), "# appended past the end\n")  # clamped to the end, logged
+    await editor.until(lambda p: "past the end" in str(p.message), editor.client.log_messages)
+    assert isinstance(await editor.inline(uri, MID_LINE), t.InlineCompletionList)
+
+
+async def test_a_2mb_document(editor: Editor):
+    huge = "def f(x):\n    return x * 2  # filler filler filler\n\n" * 40_000
+    uri = editor.open(huge + SOURCE)
+    line = huge.count("\n") + MID_LINE.line
+    result = await editor.inline(uri, t.Position(line, MID_LINE.character))
+    assert isinstance(result, t.InlineCompletionList)
+    editor.change(uri, 2, (line, 15), (line, 15), "b")
+    assert isinstance(await editor.inline(uri, t.Position(line, 16)), t.InlineCompletionList)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-8"])
+async def test_positions_on_a_line_with_emoji_and_cjk(encoding: str):
+    """The server's idea of where things are matches the client's in the negotiated encoding: an
+    edit after the emoji splits the line there, and line ends are reported in the right units."""
+    editor = await start(drafts=encoding == "utf-16", encodings=[encoding] if encoding == "utf-16" else ["utf-16", "utf-8"])
+    try:
+        assert editor.result.capabilities.position_encoding == encoding
+        units = {"utf-16": len('s = "😀'.encode("utf-16-le")) // 2, "utf-8": len('s = "😀'.encode())}[encoding]
+        uri = editor.open('s = "😀中文" + name\nprint(s)\n')
+        editor.change(uri, 2, (0, units), (0, units), "\n")  # right after the emoji
+        for line, text in ((0, 's = "😀'), (1, '中文" + name')):
+            result = await editor.inline(uri, t.Position(line, 1000))  # past the end: answered at the line's end
+            end = len(text.encode("utf-16-le")) // 2 if encoding == "utf-16" else len(text.encode())
+            assert all(item.range.start == t.Position(line, end) for item in result.items), (result, end)
+        drafts = [d for d in editor.drafts]
+        if encoding == "utf-16":
+            assert drafts and drafts[-1].range.start.character == len('中文" + name'.encode("utf-16-le")) // 2
+        else:
+            assert drafts == [], "no drafts without experimental.lladaDrafts"
+    finally:
+        assert await stop(editor) == 0
+
+
+async def test_a_missing_model_is_reported_and_the_server_keeps_answering():
+    editor = await start(options={"model": "/nonexistent/model-folder"})
+    try:
+        shown = await editor.until(lambda p: "cannot load" in str(p.message), editor.client.log_messages)
+        assert "/nonexistent/model-folder" in shown.message
+        assert any("cannot load" in m.message for m in editor.client.messages), "reported with window/showMessage"
+        answer = await outcome(editor.inline(editor.open(), MID_LINE))
+        assert error_code(answer) == -32803 and "nonexistent" in answer.message
+        status = await editor.command("llada.status")
+        assert status["state"] == "error" and "nonexistent" in status["error"]
+
+        # A model setting that loads brings the server back (null: the embedded model).
+        editor.client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings={"model": None}))
+        await editor.until(lambda p: "load embedded: done" in str(p.message), editor.client.log_messages)
+        assert isinstance(await editor.inline(editor.open(), MID_LINE), t.InlineCompletionList)
+        assert (await editor.command("llada.status"))["state"] == "ready"
+    finally:
+        assert await stop(editor) == 0

@@ -1,0 +1,90 @@
+"""Prompt building: token budget around the cursor, prefix first, stable blocks while typing, layouts."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+
+from llada_lsp.model import EMBEDDED_MODEL, load_tokenizer
+from llada_lsp.prompting import SpecialIds
+from llada_lsp.server.jobs import _window
+from llada_lsp.server.prompt import SelectionTooLong, TextCodec, infill_prompt, rewrite_prompt
+
+SOURCE = (Path(__file__).resolve().parents[1] / "llada_lsp" / "engine" / "decode.py").read_text()
+
+
+@pytest.fixture(scope="module")
+def codec() -> TextCodec:
+    if not (EMBEDDED_MODEL / "tokenizer.json").is_file():
+        pytest.skip("the embedded model is not in llada_lsp/data/tiny")
+    return TextCodec.from_tokenizer(load_tokenizer())
+
+
+def test_fim_layout_within_budget_prefix_first(codec):
+    cursor = SOURCE.index("def _reuse_prefix") + 20
+    for budget in (48, 100, 192, 1024):
+        p = infill_prompt(SOURCE[:cursor], SOURCE[cursor:], codec, budget)
+        s = codec.special
+        assert len(p.ids) <= budget and p.layout == "fim"
+        assert p.ids[0] == s.fim_prefix and p.ids[-1] == s.fim_middle and p.ids.count(s.fim_suffix) == 1
+        assert SOURCE[:cursor].endswith(p.prefix) and SOURCE[cursor:].startswith(p.suffix)
+        assert codec.decode(p.ids[1 : p.ids.index(s.fim_suffix)]) == p.prefix
+        n_prefix, n_suffix = p.ids.index(s.fim_suffix) - 1, len(p.ids) - p.ids.index(s.fim_suffix) - 2
+        if budget >= 100:  # both sides are long here: the prefix gets its share first (whole lines)
+            assert n_prefix > n_suffix > 0 and len(p.ids) >= budget - 40 or budget == 1024
+
+
+def test_typing_on_one_line_keeps_the_prompt_blocks(codec):
+    """Typing at the end of a line in a long file: the prefix start never moves within a block's worth
+    of typing, so every whole block before the cursor line is the same and its K/V is reused."""
+    cursor = SOURCE.index("        return Generation(")
+    line = "        started = time.perf_counter()"
+    prompts = []
+    for i in range(len(line) + 1):
+        before = SOURCE[:cursor] + line[:i]
+        prompts.append(infill_prompt(before, SOURCE[cursor:], codec, 192))
+    starts = {len(SOURCE[:cursor]) - len(p.prefix) + len(line[:i]) for i, p in enumerate(prompts)}
+    assert len(starts) <= 2, "the prefix start moved more than once while typing one line"
+    above = SOURCE[:cursor].count("\n")
+    stable = 0
+    for a, b in zip(prompts, prompts[1:]):
+        same = next((k for k, (x, y) in enumerate(zip(a.ids, b.ids)) if x != y), len(a.ids))
+        stable += same >= 64
+    assert stable >= len(prompts) - 3 and above > 0
+
+
+def test_document_text_is_encoded_literally(codec):
+    text = 'marker = "<|endoftext|><|fim_middle|>"\n'
+    p = infill_prompt(text, "\nprint(marker)\n", codec, 128)
+    s = codec.special
+    assert p.ids.count(s.eos) == 0 and p.ids.count(s.fim_middle) == 1
+
+
+def test_chat_layout_without_fim_tokens(codec):
+    no_fim = dataclasses.replace(codec, special=SpecialIds(codec.special.eos, codec.special.mask))
+    p = infill_prompt("def add(a, b):\n    return ", "\n", no_fim, 512)
+    text = codec.decode(p.ids)
+    assert p.layout == "chat" and len(p.ids) <= 512
+    assert text.startswith("<role>SYSTEM</role>") and text.endswith("<role>ASSISTANT</role>")
+    assert "def add(a, b):\n    return <HOLE>\n" in text
+
+
+def test_huge_document_is_cut_quickly(codec):
+    huge = ("x = compute(1, 2, 3)  # filler\n" * 70_000)[: 2_000_000]
+    cursor = len(huge) // 2
+    started = time.perf_counter()
+    before, after = _window(huge, cursor, cursor, 1024 * 16)
+    p = infill_prompt(before, after, codec, 1024)
+    assert len(p.ids) <= 1024 and time.perf_counter() - started < 2.0
+
+
+def test_rewrite_prompt_starts_from_the_selection(codec):
+    selection = "def add(a, b):\n    return a + b\n"
+    r = rewrite_prompt("import os\n\n", selection, "\nprint(add(1, 2))\n", codec, 256, 1024)
+    assert r.init_ids == codec.encode(selection)
+    assert r.gen_length >= len(r.init_ids) + 8 and len(r.prompt.ids) + r.gen_length <= 256
+    with pytest.raises(SelectionTooLong):
+        rewrite_prompt("", selection * 40, "", codec, 256, 1024)

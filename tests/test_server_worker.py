@@ -1,0 +1,111 @@
+"""The model thread without a model: queueing, supersede per key, cancel between steps, drafts and
+errors delivered on the loop. Jobs here are plain callables that 'step' like the engine does."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from llada_lsp.model import CheckpointError
+from llada_lsp.server.jobs import ModelSpec
+from llada_lsp.server.worker import ModelUnavailable, ModelWorker
+
+
+def stepping(steps: int, gate: threading.Event | None = None, started: threading.Event | None = None):
+    """A job that runs `steps` steps, checking the cancel flag before each, as the engine does."""
+
+    def job(model, ticket):
+        if started is not None:
+            started.set()
+        done = 0
+        for step in range(1, steps + 1):
+            if ticket.is_set():
+                break
+            if gate is not None:
+                gate.wait(5)
+            done = step
+            ticket.emit(step, f"text {step}")
+        return (model, done)
+
+    return job
+
+
+async def ready_worker(logs: list[str]) -> ModelWorker:
+    loop = asyncio.get_running_loop()
+    worker = ModelWorker(loop, logs.append, loader=lambda spec, report: report("reading", 50) or f"model {spec.name}")
+    reports = []
+    await asyncio.wrap_future(worker.load(ModelSpec("m"), lambda msg, pct: reports.append((msg, pct))).future)
+    assert worker.state == "ready" and reports == [("reading", 50)]
+    return worker
+
+
+async def test_jobs_run_in_order_with_drafts_on_the_loop():
+    logs: list[str] = []
+    worker = await ready_worker(logs)
+    loop_thread = threading.get_ident()
+    drafts = []
+    ticket = worker.submit("a", "job a", stepping(3), lambda step, text: drafts.append((step, text, threading.get_ident())))
+    assert await asyncio.wrap_future(ticket.future) == ("model m", 3)
+    await asyncio.sleep(0)  # drafts were scheduled before the result: let the loop run them
+    assert [(s, t) for s, t, _ in drafts] == [(1, "text 1"), (2, "text 2"), (3, "text 3")]
+    assert {thread for *_, thread in drafts} == {loop_thread}
+    assert worker.stop()
+
+
+async def test_a_new_job_supersedes_the_running_one_with_the_same_key():
+    logs: list[str] = []
+    worker = await ready_worker(logs)
+    gate, started = threading.Event(), threading.Event()
+    first = worker.submit("doc", "first", stepping(1000, gate, started))
+    await asyncio.to_thread(started.wait, 5)  # the first job is running
+    other = worker.submit("other", "other", stepping(2))
+    second = worker.submit("doc", "second", stepping(2))
+    assert first.future.cancelled() and first.is_set()
+    gate.set()
+    assert await asyncio.wrap_future(second.future) == ("model m", 2)
+    assert await asyncio.wrap_future(other.future) == ("model m", 2)
+    assert worker.stop()
+    await asyncio.sleep(0)  # the log lines were scheduled on the loop before the thread ended
+    first_log = next(line for line in logs if line.startswith("first"))
+    assert "cancelled" in first_log and ("(0 steps after" in first_log or "(1 steps after" in first_log)
+
+
+async def test_cancel_stops_within_one_step():
+    logs: list[str] = []
+    worker = await ready_worker(logs)
+    gate = threading.Event()
+    ticket = worker.submit("doc", "slow", stepping(1000, gate))
+    ticket.cancel()
+    gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wrap_future(ticket.future)
+    assert worker.stop()
+    assert ticket.steps <= 1
+
+
+async def test_a_failed_load_is_reported_and_jobs_answer_with_it():
+    def broken(spec, report):
+        raise CheckpointError(f"{spec.name}: no such model folder")
+
+    worker = ModelWorker(asyncio.get_running_loop(), lambda line: None, loader=broken)
+    load = worker.load(ModelSpec("/nowhere"), lambda *_: None)
+    with pytest.raises(ModelUnavailable, match="/nowhere"):
+        await asyncio.wrap_future(load.future)
+    assert worker.state == "error" and "/nowhere" in worker.error
+    with pytest.raises(ModelUnavailable, match="/nowhere"):
+        await asyncio.wrap_future(worker.submit("doc", "job", stepping(2)).future)
+    assert worker.stop()
+
+
+async def test_a_job_that_raises_answers_its_request_and_the_thread_goes_on():
+    worker = await ready_worker([])
+
+    def boom(model, ticket):
+        raise ValueError("bad input")
+
+    with pytest.raises(ValueError, match="bad input"):
+        await asyncio.wrap_future(worker.submit("doc", "boom", boom).future)
+    assert await asyncio.wrap_future(worker.submit("doc", "next", stepping(1)).future) == ("model m", 1)
+    assert worker.stop()
