@@ -7,6 +7,7 @@ shippable model folder (config.json, bf16 model.safetensors, tokenizer files).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 import shutil
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = get_tokenizer(args.out, texts, args.vocab_size)
     special = SpecialIds.from_tokenizer(tok)
 
-    overrides = __import__("json").loads(args.config) if args.config else {}
+    overrides = json.loads(args.config) if args.config else {}
     config = LLaDA2Config(**{**TINY, "vocab_size": len(tok), **overrides}, mask_token_id=special.mask,
                           eos_token_id=special.eos, pad_token_id=special.eos)
     model = LLaDA2(config)
