@@ -84,6 +84,12 @@ class LLaDA2Config(PretrainedConfig):
             **kwargs,
         )
 
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        if out.get("unsupported_rope_scaling") is None:  # only a real (rejected) value is worth writing
+            out.pop("unsupported_rope_scaling", None)
+        return out
+
     def validate_llada(self) -> None:
         """Raise ValueError naming the key when the numbers cannot form this network."""
         if self.unsupported_rope_scaling:

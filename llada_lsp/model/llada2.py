@@ -183,7 +183,7 @@ class Experts(nn.Module):
             idx = token_of[offset : offset + n]
             xe = x[idx]
             h = F.silu(xe @ self.w_gate[e].T) * (xe @ self.w_up[e].T)
-            out.index_add_(0, idx, (h @ self.w_down[e].T) * w_sorted[offset : offset + n, None])
+            out.index_add_(0, idx, ((h @ self.w_down[e].T) * w_sorted[offset : offset + n, None]).to(out.dtype))
             offset += n
         return out
 

@@ -216,5 +216,5 @@ def save_model(model: LLaDA2, folder: str | Path, dtype: torch.dtype = torch.bfl
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu", tensor_dtype(k, dtype)) for k, v in model.state_dict().items()}
     save_file(to_checkpoint_names(state), str(folder / "model.safetensors"), metadata={"format": "pt"})
-    model.config.torch_dtype = str(dtype).removeprefix("torch.")
+    model.config.dtype = str(dtype).removeprefix("torch.")
     model.config.save_pretrained(folder)

@@ -3,11 +3,17 @@
 The split is by file and deterministic: a file is held out when the first byte of the SHA-1 of its
 path relative to the stdlib root is below HELD_OUT_BYTE (about 5% of files). Held-out files are never
 trained on; the infill evaluation cuts its tasks from them. Third-party packages are never read.
+
+`python -m llada_lsp.training.corpus train FILE` writes one split as gzipped JSON lines, so that a
+machine with another Python (a GPU box) trains on exactly this interpreter's files (`train --corpus`).
 """
 
 from __future__ import annotations
 
+import argparse
+import gzip
 import hashlib
+import json
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,3 +55,30 @@ def iter_files(split: str, root: Path | None = None, max_bytes: int = 400_000) -
         if text.strip():
             files.append(SourceFile(rel, text))
     return files
+
+
+def dump(files: list[SourceFile], path: Path) -> None:
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for sf in files:
+            f.write(json.dumps({"path": sf.path, "text": sf.text}) + "\n")
+
+
+def load(path: Path) -> list[SourceFile]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [SourceFile(**json.loads(line)) for line in f if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m llada_lsp.training.corpus",
+                                 description="Write one split of this interpreter's stdlib as a corpus file.")
+    ap.add_argument("split", choices=("train", "heldout"))
+    ap.add_argument("out", type=Path, help="output file (.jsonl.gz)")
+    args = ap.parse_args(argv)
+    files = iter_files(args.split)
+    dump(files, args.out)
+    print(f"{len(files)} files, {sum(len(f.text) for f in files) / 1e6:.1f} M characters -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,14 +1,18 @@
 """The training loop of the embedded model: seeded, checkpointed, resumable, with a progress bar.
 
 `llada-lsp train --out runs/tiny` trains the tokenizer (once) and the network; `--export DIR` writes a
-shippable model folder (config.json, bf16 model.safetensors, tokenizer files).
+shippable model folder (config.json, bf16 model.safetensors, tokenizer files). The defaults are those
+of the shipped model's run, on one GPU (bf16 autocast, samples built by worker processes); on a CPU, use
+a smaller batch, e.g. `--batch 16 --hours 3`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import random
 import shutil
 import signal
@@ -18,8 +22,8 @@ from pathlib import Path
 import torch
 
 from ..model import LLaDA2, LLaDA2Config, load_model, save_model
-from .corpus import iter_files
 from ..prompting import SpecialIds
+from . import corpus
 from .objective import SampleStream, block_diffusion_loss, training_mask
 from .tokenizer import save_tokenizer, train_tokenizer
 
@@ -29,7 +33,7 @@ TINY = dict(
     vocab_size=8192, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
     head_dim=64, intermediate_size=768, moe_intermediate_size=192, num_experts=8, num_experts_per_tok=2,
     num_shared_experts=1, n_group=4, topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5,
-    max_position_embeddings=256, rope_theta=600000.0, partial_rotary_factor=0.5,
+    max_position_embeddings=512, rope_theta=600000.0, partial_rotary_factor=0.5,
 )  # fmt: skip
 
 
@@ -78,9 +82,9 @@ def get_tokenizer(out: Path, train_texts: list[str], vocab_size: int):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runs/tiny"), help="run folder (checkpoints, tokenizer)")
-    ap.add_argument("--steps", type=int, default=1500, help="total optimizer steps (sets the LR schedule)")
-    ap.add_argument("--batch", type=int, default=16, help="sequences per step")
-    ap.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (multiple of the block)")
+    ap.add_argument("--steps", type=int, default=20000, help="total optimizer steps (sets the LR schedule)")
+    ap.add_argument("--batch", type=int, default=128, help="sequences per step")
+    ap.add_argument("--seq-len", type=int, default=512, help="tokens per sequence (multiple of the block)")
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=100)
@@ -88,8 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-weight", type=float, default=0.1, help="loss weight of kept visible tokens")
     ap.add_argument("--vocab-size", type=int, default=8192, help="BPE size, when the tokenizer is trained")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--save-every", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads of the training process")
+    ap.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when available)")
+    ap.add_argument("--autocast", choices=("auto", "on", "off"), default="auto",
+                    help="bf16 autocast (auto: on for CUDA)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="processes that build samples (default: 8 on CUDA, 0 = in the training process on CPU)")
+    ap.add_argument("--corpus", type=Path, default=None,
+                    help="a corpus file written by `python -m llada_lsp.training.corpus train FILE` "
+                         "(default: this interpreter's stdlib, train split)")
+    ap.add_argument("--save-every", type=int, default=200, help="checkpoint every N steps")
     ap.add_argument("--hours", type=float, default=None,
                     help="time budget: the LR schedule ends at whichever of --steps and --hours comes first")
     ap.add_argument("--export", type=Path, default=None, help="also write a shippable model folder here")
@@ -102,8 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if args.device == "auto" else args.device)
+    use_autocast = args.autocast == "on" or (args.autocast == "auto" and device.type == "cuda")
+    workers = args.workers if args.workers is not None else (8 if device.type == "cuda" else 0)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
     args.out.mkdir(parents=True, exist_ok=True)
-    files = iter_files("train")[: args.corpus_limit]
+    files = (corpus.load(args.corpus) if args.corpus else corpus.iter_files("train"))[: args.corpus_limit]
     texts = [f.text for f in files]
     if args.init_from and not (args.out / "tokenizer.json").is_file():  # the weights' own tokenizer
         for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -120,11 +138,12 @@ def main(argv: list[str] | None = None) -> int:
         warm = load_model(args.init_from, device="cpu", dtype=torch.float32)
         model.load_state_dict(warm.state_dict())
         print(f"initialised from {args.init_from}", flush=True)
+    model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
     step, spent, losses = 0, 0.0, []  # spent: training seconds of earlier runs of this folder
     state_file = args.out / "state.pt"
     if state_file.is_file():
@@ -151,8 +170,18 @@ def main(argv: list[str] | None = None) -> int:
     stop = {"now": False}
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     # The data stream is reseeded from the step, so a resumed run sees new samples, deterministically.
-    stream = SampleStream(texts, tok, seed=args.seed * 1_000_003 + step).sequences(args.seq_len)
-    allow = training_mask(args.seq_len, args.block)
+    if workers:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers tokenize; no nested threads
+    batches = Batches(texts, tok, args.seed * 1_000_003 + step, args.batch, args.seq_len)
+    loader = iter(torch.utils.data.DataLoader(batches, batch_size=None, num_workers=workers,
+                                              pin_memory=device.type == "cuda",
+                                              prefetch_factor=4 if workers else None))
+    allow = training_mask(args.seq_len, args.block).to(device)
+    def amp():
+        return torch.autocast(device.type, dtype=torch.bfloat16) if use_autocast else contextlib.nullcontext()
+
+    print(f"{sum(p.numel() for p in params) / 1e6:.1f}M parameters on {device}"
+          f"{' (bf16 autocast)' if use_autocast else ''}, {len(files)} files, {workers} data workers", flush=True)
     gen = torch.Generator().manual_seed(args.seed * 7919 + step)
     from tqdm import tqdm
 
@@ -162,11 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     model.train()
     try:
         while step < args.steps and not stop["now"]:
-            x = torch.tensor([next(stream) for _ in range(args.batch)])
+            x = next(loader)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, max(step / args.steps, elapsed() / budget), args.lr, args.warmup)
-            loss, stats = block_diffusion_loss(model, x, special.mask, args.block, args.edit_ratio,
-                                               args.keep_weight, allow, gen)
+            with amp():
+                loss, stats = block_diffusion_loss(model, x, special.mask, args.block, args.edit_ratio,
+                                                   args.keep_weight, allow, gen)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -189,6 +219,21 @@ def main(argv: list[str] | None = None) -> int:
     save()
     print(f"stopped at step {step}; checkpoint {state_file}", flush=True)
     return 0
+
+
+class Batches(torch.utils.data.IterableDataset):
+    """Endless [batch, seq_len] id tensors; each data worker draws its own seeded sample stream."""
+
+    def __init__(self, texts: list[str], tokenizer, seed: int, batch: int, seq_len: int):
+        self.texts, self.tok, self.seed, self.batch, self.seq_len = texts, tokenizer, seed, batch, seq_len
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        seed = self.seed + 7919 * (info.id if info else 0)
+        # Samples of about one sequence, so most FIM holes keep their context in the same sequence.
+        stream = SampleStream(self.texts, self.tok, seed, window_chars=3 * self.seq_len).sequences(self.seq_len)
+        while True:
+            yield torch.tensor([next(stream) for _ in range(self.batch)])
 
 
 def export(model: LLaDA2, tokenizer, folder: Path) -> None:
