@@ -62,3 +62,21 @@ def test_a_few_steps_lower_the_loss(tmp_path):
     assert train.main([*argv[:3], "45", *argv[4:]]) == 0  # resumes from step 40
     assert torch.load(tmp_path / "state.pt", weights_only=False)["step"] == 45
     torch.set_num_threads(threads)
+
+
+def test_fim_samples_end_with_a_run_of_end_of_text():
+    from llada_lsp.model import load_tokenizer
+    from llada_lsp.prompting import SpecialIds
+    from llada_lsp.training.objective import SampleStream
+
+    tok = load_tokenizer(None)
+    special = SpecialIds.from_tokenizer(tok)
+    stream = SampleStream([f.text for f in iter_files("train")[:20]], tok, seed=0)
+    samples = [stream.sample() for _ in range(200)]
+    fim = [s for s in samples if s[0] == special.fim_prefix]
+    assert len(fim) > 100
+    for s in fim:
+        tail = s[s.index(special.fim_middle) + 1 :]
+        first_eos = tail.index(special.eos)
+        assert all(t == special.eos for t in tail[first_eos:])
+    assert max(len(s) - s.index(special.eos) for s in fim) > 10  # runs, not a single end-of-text

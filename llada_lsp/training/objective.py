@@ -1,8 +1,9 @@
 """The training data and objective of the embedded model.
 
 Samples: windows of source files, most turned into fill-in-the-middle layouts
-(`<|fim_prefix|>` prefix `<|fim_suffix|>` suffix `<|fim_middle|>` middle `<|endoftext|>`) with holes of
-the kinds an editor asks for, packed into sequences of the full context length.
+(`<|fim_prefix|><|fim_suffix|>` suffix `<|fim_middle|>` prefix middle `<|endoftext|>`...) with holes of
+the kinds an editor asks for, the middle followed by a run of end-of-text (as in a generation whose
+room is larger than the answer), packed into sequences of the full context length.
 Objective (block diffusion, as LLaDA2.x): each block of the sequence is noised with its own ratio and
 denoised given the clean earlier blocks; the clean copy runs beside the noisy one (clean first, so the
 logits of the noisy half are the last rows). Editing noise replaces some visible tokens with tokens drawn
@@ -77,8 +78,8 @@ def cut_hole(text: str, kind: str, rng: random.Random) -> tuple[str, str, str] |
 class SampleStream:
     """Endless stream of token ids from the training files, samples separated by EOS."""
 
-    def __init__(self, texts: list[str], tokenizer, seed: int, window_chars: int = 1400):
-        self.texts, self.tok, self.window = texts, tokenizer, window_chars
+    def __init__(self, texts: list[str], tokenizer, seed: int, window_chars: int = 1400, max_eos_run: int = 40):
+        self.texts, self.tok, self.window, self.max_eos_run = texts, tokenizer, window_chars, max_eos_run
         self.rng = random.Random(seed)
         self.special = SpecialIds.from_tokenizer(tokenizer)
         self.weights = [len(t) for t in texts]
@@ -101,7 +102,10 @@ class SampleStream:
             prefix = prefix[-self.rng.randint(0, len(prefix)) :] if prefix else prefix
             suffix = suffix[: self.rng.randint(0, len(suffix))]
         ids = fim_ids(self.encode(prefix), self.encode(suffix), self.encode(middle), self.special)
-        return ids + [self.special.eos]
+        # An editor's request leaves more room than the middle needs, and the engine expects the
+        # positions past its end to fill with end-of-text: show the model such runs (packed data alone
+        # would teach it that a new sample follows an end-of-text).
+        return ids + [self.special.eos] * self.rng.randint(1, self.max_eos_run)
 
     def sequences(self, length: int):
         """Packed sequences of exactly `length` ids."""
@@ -152,8 +156,9 @@ def noise_batch(
 def block_diffusion_loss(model, x: torch.Tensor, mask_id: int, block: int, edit_ratio: float, keep_weight: float,
                          allow: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
     B, L = x.shape
-    noisy, weights = noise_batch(x, block, mask_id, edit_ratio, keep_weight, gen)
-    positions = torch.arange(L).repeat(2)
+    noisy, weights = noise_batch(x, block, mask_id, edit_ratio, keep_weight, gen)  # on the CPU: seeded
+    x, noisy, weights = (t.to(allow.device, non_blocking=True) for t in (x, noisy, weights))
+    positions = torch.arange(L, device=allow.device).repeat(2)
     logits = model(torch.cat([x, noisy], dim=1), positions=positions, allow=allow, last_n=L)  # [B, L, V]
     nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x.flatten(), reduction="none").view(B, L)
     loss = (nll * weights).sum() / weights.sum()
