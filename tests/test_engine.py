@@ -88,3 +88,14 @@ def test_dense_and_sparse_experts_agree(model):
 def test_unknown_mode_is_refused(model):
     with pytest.raises(ValueError, match="unknown mode 'fast'"):
         Engine(model).generation(PROMPT, 8, "fast")
+
+
+def test_first_allowed_holds_the_first_position_to_the_given_ids(model):
+    free = Engine(model).generation(PROMPT, 40, "speed", mask_id=511, eos_id=508).run()
+    allowed = [t for t in (17, 42, 99) if t != free.tokens[0]][:2]
+    gen = Engine(model).generation(PROMPT, 40, "speed", mask_id=511, eos_id=508, first_allowed=allowed)
+    firsts = [d.generated[0] for d in gen if d.generated[0] != 511]
+    assert firsts and set(firsts) <= set(allowed)  # every draft, edits included
+    assert gen.result.tokens[0] in allowed
+    with pytest.raises(ValueError):
+        Engine(model).generation(PROMPT, 40, "speed", mask_id=511, eos_id=508, first_allowed=[])

@@ -98,9 +98,12 @@ class Engine:
         eos_id: int | None = None,
         cancel: CancelFlag | None = None,
         init_ids: list[int] | None = None,
+        first_allowed: list[int] | None = None,
     ) -> Generation:
         """`init_ids` start the generated region as a draft instead of masks (positions after them are
-        masked): the policy's T2T rule revises the draft and an EOS may shrink it (rewriting a selection)."""
+        masked): the policy's T2T rule revises the draft and an EOS may shrink it (rewriting a selection).
+        `first_allowed`: the only ids the first generated position may hold (token healing: the prompt's
+        last, partial word was taken back, and the first token must start with its text)."""
         config = self.model.config
         mask_id = config.mask_token_id if mask_id is None else mask_id
         eos_id = config.eos_token_id if eos_id is None else eos_id
@@ -124,9 +127,16 @@ class Engine:
         bad = [t for t in prompt_ids + init_ids if not 0 <= t < config.vocab_size]
         if bad:
             raise ValueError(f"prompt id {bad[0]} is outside the vocabulary (size {config.vocab_size})")
+        allowed = None
+        if first_allowed is not None:
+            if not first_allowed or not all(0 <= t < config.vocab_size for t in first_allowed):
+                raise ValueError("first_allowed must be a non-empty list of ids inside the vocabulary")
+            allowed = torch.zeros(config.vocab_size, dtype=torch.bool, device=self.model.device)
+            allowed[torch.tensor(first_allowed, device=self.model.device)] = True
         return Generation(
             self, prompt_ids, gen_length=gen_length, policy=policy, max_post_steps=max_post_steps,
             eos_early_stop=eos_early_stop, mask_id=mask_id, eos_id=eos_id, cancel=cancel, init_ids=init_ids,
+            first_allowed=allowed,
         )  # fmt: skip
 
     def _reuse_prefix(self, prompt_ids: list[int], n_blocks: int) -> int:
@@ -144,7 +154,7 @@ class Engine:
 
     @torch.inference_mode()
     def _run(self, gen: Generation, prompt, gen_length, policy, max_post_steps, eos_early_stop, mask_id, eos_id, cancel,
-             init_ids=()):  # fmt: skip
+             init_ids=(), first_allowed=None):  # fmt: skip
         bs, model, device = self.block_size, self.model, self.model.device
         P = len(prompt)
         n_blocks = -(-(P + gen_length) // bs)
@@ -188,6 +198,8 @@ class Engine:
                     canvas[None, start:hi], cache=self.cache if self.use_cache else None,
                     start=start, block_size=bs, last_n=bs,
                 )[0]  # fmt: skip
+                if first_allowed is not None and lo <= P < hi:
+                    logits[P - lo].masked_fill_(~first_allowed, float("-inf"))
                 valid = lo
                 update = policy.step(canvas[lo:hi], logits, frozen, mask_id)
                 canvas[lo:hi] = update.tokens
