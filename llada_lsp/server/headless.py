@@ -102,6 +102,13 @@ def _common(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return ap
 
 
+def _match(ap: argparse.ArgumentParser, pattern: re.Pattern, value: str, form: str) -> re.Match:
+    m = pattern.match(value)
+    if not m or not Path(m["file"]).is_file():
+        ap.error(f"expected {form} with an existing file, got {value!r}")
+    return m
+
+
 def _fail(session: Session | None, message: str) -> int:
     for shown in session.messages if session else []:
         print(shown, file=sys.stderr)
@@ -119,9 +126,7 @@ def complete_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, help="maxCompletionTokens (the server's default: 64)")
     ap.add_argument("--drafts", action="store_true", help="also print each live draft on stderr as it arrives")
     args = ap.parse_args(argv)
-    m = SPOT.match(args.spot)
-    if not m or not Path(m["file"]).is_file():
-        ap.error(f"expected FILE:LINE:COL with an existing file, got {args.spot!r}")
+    m = _match(ap, SPOT, args.spot, "FILE:LINE:COL")
     options = _options(args, inlineMode=args.mode, maxCompletionTokens=args.max_tokens)
     return asyncio.run(_complete(Path(m["file"]), int(m["line"]), int(m["col"]), args, options))
 
@@ -151,9 +156,7 @@ def rewrite_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--instruction", help="what to change (followed by chat-template models; FIM models ignore it)")
     ap.add_argument("--write", action="store_true", help="also write the rewritten file back")
     args = ap.parse_args(argv)
-    m = SPAN.match(args.span)
-    if not m or not Path(m["file"]).is_file():
-        ap.error(f"expected FILE:L1:C1-L2:C2 with an existing file, got {args.span!r}")
+    m = _match(ap, SPAN, args.span, "FILE:L1:C1-L2:C2")
     options = _options(args, rewriteMode=args.mode)
     span = (int(m["l1"]), int(m["c1"]), int(m["l2"]), int(m["c2"]))
     return asyncio.run(_rewrite(Path(m["file"]), span, args, options))

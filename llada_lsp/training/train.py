@@ -80,18 +80,19 @@ def get_tokenizer(out: Path, train_texts: list[str], vocab_size: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="llada-lsp train", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="llada-lsp train", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("runs/tiny"), help="run folder (checkpoints, tokenizer)")
     ap.add_argument("--steps", type=int, default=20000, help="total optimizer steps (sets the LR schedule)")
     ap.add_argument("--batch", type=int, default=128, help="sequences per step")
     ap.add_argument("--seq-len", type=int, default=512, help="tokens per sequence (multiple of the block)")
-    ap.add_argument("--block", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--block", type=int, default=32, help="diffusion block size (as the engine decodes)")
+    ap.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
+    ap.add_argument("--warmup", type=int, default=100, help="linear warmup steps")
     ap.add_argument("--edit-ratio", type=float, default=0.15, help="share of visible tokens replaced, times t")
     ap.add_argument("--keep-weight", type=float, default=0.1, help="loss weight of kept visible tokens")
     ap.add_argument("--vocab-size", type=int, default=8192, help="BPE size, when the tokenizer is trained")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seeds the weights, the samples and the noise")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads of the training process")
     ap.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when available)")
     ap.add_argument("--autocast", choices=("auto", "on", "off"), default="auto",

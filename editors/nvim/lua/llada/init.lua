@@ -299,23 +299,26 @@ function M.setup(opts)
       api.nvim_set_hl(0, 'LladaGhost', { link = 'Comment', default = true })
     end,
   })
-  api.nvim_create_autocmd('LspAttach', {
-    group = group,
-    callback = function(args)
+  -- LspAttach/LspDetach fire for every server; only llada's concern us.
+  local function for_llada(handler)
+    return function(args)
       local client = vim.lsp.get_client_by_id(args.data.client_id)
       if client and client.name == 'llada' then
-        on_attach(client, args.buf, group)
+        handler(client, args.buf)
       end
-    end,
+    end
+  end
+  api.nvim_create_autocmd('LspAttach', {
+    group = group,
+    callback = for_llada(function(client, buf)
+      on_attach(client, buf, group)
+    end),
   })
   api.nvim_create_autocmd('LspDetach', {
     group = group,
-    callback = function(args)
-      local client = vim.lsp.get_client_by_id(args.data.client_id)
-      if client and client.name == 'llada' then
-        on_detach(args.buf)
-      end
-    end,
+    callback = for_llada(function(_, buf)
+      on_detach(buf)
+    end),
   })
   api.nvim_create_autocmd('LspRequest', { group = group, callback = draft.on_request })
   create_commands()
