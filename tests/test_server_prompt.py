@@ -11,7 +11,7 @@ import pytest
 from llada_lsp.model import EMBEDDED_MODEL, load_tokenizer
 from llada_lsp.prompting import SpecialIds
 from llada_lsp.server.jobs import _window
-from llada_lsp.server.prompt import SelectionTooLong, TextCodec, infill_prompt, rewrite_prompt
+from llada_lsp.server.prompt import SelectionTooLong, TextCodec, heal, infill_prompt, rewrite_prompt
 
 SOURCE = (Path(__file__).resolve().parents[1] / "llada_lsp" / "engine" / "decode.py").read_text()
 
@@ -29,10 +29,12 @@ def test_fim_layout_within_budget_prefix_first(codec):
         p = infill_prompt(SOURCE[:cursor], SOURCE[cursor:], codec, budget)
         s = codec.special
         assert len(p.ids) <= budget and p.layout == "fim"
-        assert p.ids[0] == s.fim_prefix and p.ids[-1] == s.fim_middle and p.ids.count(s.fim_suffix) == 1
+        # suffix-prefix-middle: the prefix ends the prompt, right where the hole begins
+        assert p.ids[:2] == [s.fim_prefix, s.fim_suffix] and p.ids.count(s.fim_middle) == 1
         assert SOURCE[:cursor].endswith(p.prefix) and SOURCE[cursor:].startswith(p.suffix)
-        assert codec.decode(p.ids[1 : p.ids.index(s.fim_suffix)]) == p.prefix
-        n_prefix, n_suffix = p.ids.index(s.fim_suffix) - 1, len(p.ids) - p.ids.index(s.fim_suffix) - 2
+        middle = p.ids.index(s.fim_middle)
+        assert codec.decode(p.ids[middle + 1 :]) == p.prefix and codec.decode(p.ids[2:middle]) == p.suffix
+        n_prefix, n_suffix = len(p.ids) - middle - 1, middle - 2
         if budget >= 100:  # both sides are long here: the prefix gets its share first (whole lines)
             assert n_prefix > n_suffix > 0 and len(p.ids) >= budget - 40 or budget == 1024
 
@@ -88,3 +90,15 @@ def test_rewrite_prompt_starts_from_the_selection(codec):
     assert r.gen_length >= len(r.init_ids) + 8 and len(r.prompt.ids) + r.gen_length <= 256
     with pytest.raises(SelectionTooLong):
         rewrite_prompt("", selection * 40, "", codec, 256, 1024)
+
+
+def test_healing_takes_back_a_partial_word(codec):
+    before = "import unittest\n\nclass T(unittest.TestCase):\n    def test_it(self):\n        self.assertE"
+    p = infill_prompt(before, "\n", codec, 256)
+    healed = heal(p, codec)
+    assert healed is not None and "assertE".endswith(healed.text.strip()) and len(healed.text) > 1
+    assert p.ids[: len(healed.ids)] == healed.ids and len(healed.ids) < len(p.ids)
+    assert healed.allowed and all(codec.token_texts[i].startswith(healed.text) for i in healed.allowed)
+    assert codec.decode(healed.ids[healed.ids.index(codec.special.fim_middle) + 1 :]) + healed.text == p.prefix
+    for plain_end in ("x = (", "x = 1 ", "x = 1\n"):  # not inside a word: nothing to heal
+        assert heal(infill_prompt(plain_end, "\n", codec, 256), codec) is None

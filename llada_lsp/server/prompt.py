@@ -6,7 +6,9 @@ Knows nothing of the LSP, positions or tensors: strings in, token ids out (throu
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ..prompting import SpecialIds, chat_infill_prompt, fim_ids
@@ -49,6 +51,12 @@ class TextCodec:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
+    @cached_property
+    def token_texts(self) -> list[str]:
+        """The text of every id alone (token healing looks for the ids that start with a given text)."""
+        return self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))], skip_special_tokens=False,
+                                           clean_up_tokenization_spaces=False)
+
     def text_of(self, ids: list[int]) -> tuple[str, bool]:
         """Generated ids -> (text up to the first stop id, whether a stop id was found). Bytes that
         decode to no character (a character split across tokens, or byte soup) never reach a buffer."""
@@ -87,6 +95,35 @@ def infill_prompt(before: str, after: str, codec: TextCodec, budget: int,
     prefix_ids, prefix = cut_prefix(before, codec, room - suffix_share)
     suffix_ids, suffix = cut_suffix(after, codec, room - len(prefix_ids))
     return InfillPrompt(layout.ids(prefix_ids, suffix_ids), prefix, suffix, layout.name)
+
+
+_PARTIAL_WORD = re.compile(r" ?[A-Za-z0-9_]+")
+
+
+@dataclass(frozen=True)
+class Healed:
+    ids: list[int]  # the prompt without its last token
+    text: str  # that token's text: the completion starts with it, and it is cut off again
+    allowed: list[int]  # the ids the first generated position may hold: those whose text starts with `text`
+
+
+def heal(prompt: InfillPrompt, codec: TextCodec, max_tokens: int = 4) -> Healed | None:
+    """Token healing, for a FIM prompt that ends inside a word ("self.assertE|"). The word's last
+    pieces are split where the model rarely saw them split; taking them back (up to `max_tokens`, as
+    many as some single id still extends: "assertE" -> "assertEqual") and letting the first generated
+    token be any id that starts with their text lets the model finish the word as it knows it. None
+    when the prompt does not end in a word or no id extends its end."""
+    if prompt.layout != "fim" or not prompt.prefix or not (prompt.prefix[-1].isalnum() or prompt.prefix[-1] == "_"):
+        return None
+    best = None
+    for k in range(1, min(max_tokens, len(prompt.ids) - 1) + 1):
+        text = "".join(codec.token_texts[i] for i in prompt.ids[-k:])
+        if not _PARTIAL_WORD.fullmatch(text):
+            break
+        allowed = [i for i, t in enumerate(codec.token_texts) if t.startswith(text) and i not in codec.stop_ids]
+        if len(allowed) > (1 if k == 1 else 0):  # one id that is the token itself heals nothing
+            best = Healed(prompt.ids[:-k], text, allowed)
+    return best
 
 
 def rewrite_prompt(before: str, selection: str, after: str, codec: TextCodec, max_positions: int,
