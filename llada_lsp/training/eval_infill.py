@@ -4,7 +4,8 @@ Tasks: the rest of the line with the cursor mid-line, a whole line, a multi-line
 hole kinds as training, from files training never saw). Scores: first-line exact match, full exact
 match, syntax-valid rate (the file with the completion inserted parses), tokens per forward and
 tokens/s, for `speed`, `quality`, the strict `no-edit` baseline, and a trivial baseline (repeat the
-previous line).
+previous line). Each task is answered exactly as the server answers an editor at that cursor (its
+prompt, decoding and post-processing, server defaults); TPF counts the completion's tokens per forward.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine import PRESETS, Engine
-from ..model import load_model, load_tokenizer
-from ..prompting import SpecialIds, fim_ids
+from tqdm import tqdm
+
+from ..server import jobs
+from ..server.settings import Settings
 from .corpus import iter_files
 from .objective import cut_hole
 
-TASK_KINDS = {"rest_of_line": 32, "whole_line": 32, "block_body": 64}  # kind -> gen_length
+TASK_KINDS = ("rest_of_line", "whole_line", "block_body")
 
 
 @dataclass(frozen=True)
@@ -86,17 +88,12 @@ def syntax_ok(task: Task, completion: str) -> bool:
         return False
 
 
-def build_prompt(tokenizer, special: SpecialIds, task: Task, budget: int) -> list[int]:
-    """Prefix first: the prefix keeps up to 3/4 of the budget, the suffix what is left."""
-    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"] if s else []  # noqa: E731
-    prefix, suffix = enc(task.prefix), enc(task.suffix)
-    budget -= 3
-    keep_prefix = min(len(prefix), max(budget - len(suffix), budget * 3 // 4))
-    keep_suffix = min(len(suffix), budget - keep_prefix)
-    return fim_ids(prefix[len(prefix) - keep_prefix :], suffix[:keep_suffix], [], special)
+class _Never:
+    def is_set(self) -> bool:
+        return False
 
 
-def score(tasks, completions, tpfs=None, tps=None) -> dict:
+def score(tasks, completions, tpf: float | None = None, tokens_per_s: float | None = None) -> dict:
     n = len(tasks)
     out = {
         "n": n,
@@ -104,9 +101,8 @@ def score(tasks, completions, tpfs=None, tps=None) -> dict:
         "full_em": sum(c.rstrip() == t.middle.rstrip() for t, c in zip(tasks, completions)) / n,
         "syntax_ok": sum(syntax_ok(t, c) for t, c in zip(tasks, completions)) / n,
     }
-    if tpfs is not None:
-        out["tpf"] = sum(tpfs) / n
-        out["tokens_per_s"] = sum(tps) / n
+    if tpf is not None:
+        out["tpf"], out["tokens_per_s"] = tpf, tokens_per_s
     return out
 
 
@@ -121,31 +117,30 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = load_model(args.model, device="cpu", dtype="float32")
-    tokenizer = load_tokenizer(args.model)
-    special = SpecialIds.from_tokenizer(tokenizer)
-    if not special.has_fim:
+    model = jobs.load(jobs.ModelSpec(args.model, device="cpu", dtype="float32"), lambda *_: None)
+    if not model.codec.special.has_fim:
         print("llada-lsp eval-infill: the model's tokenizer has no FIM tokens", file=sys.stderr)
         return 2
+    settings = Settings()
     tasks = make_tasks(args.n, args.seed)
-    engine = Engine(model)
     results: dict[str, dict[str, dict]] = {}
     for kind in TASK_KINDS:
         ts = [t for t in tasks if t.kind == kind]
         results.setdefault("previous-line", {})[kind] = score(ts, [previous_line_baseline(t) for t in ts])
     for mode in args.modes.split(","):
         started = time.time()
-        for kind, gen_length in TASK_KINDS.items():
+        for kind in TASK_KINDS:
             ts = [t for t in tasks if t.kind == kind]
-            completions, tpfs, tps = [], [], []
-            for t in ts:
-                prompt = build_prompt(tokenizer, special, t, model.config.max_position_embeddings - gen_length)
-                r = engine.generation(prompt, gen_length, PRESETS[mode], eos_early_stop=True).run()
-                text = tokenizer.decode(r.tokens, skip_special_tokens=True)
-                completions.append(cut_to_unit(kind, text))
-                tpfs.append(r.tokens_per_forward)
-                tps.append(r.tokens_per_second)
-            results.setdefault(mode, {})[kind] = score(ts, completions, tpfs, tps)
+            completions, tokens, steps, seconds = [], 0, 0, 0.0
+            for t in tqdm(ts, desc=f"{mode} {kind}", leave=False, mininterval=2):
+                # Exactly what the server answers at this cursor: its prompt, decoding and post-processing.
+                job = jobs.Infill(t.prefix + t.suffix, len(t.prefix), mode, settings.max_completion_tokens,
+                                  settings.context_tokens)
+                out = jobs.run_infill(model, job, _Never(), lambda *_: None)
+                completions.append(cut_to_unit(kind, out.text))
+                tokens += len(model.codec.encode(out.text))
+                steps, seconds = steps + out.steps, seconds + out.seconds
+            results.setdefault(mode, {})[kind] = score(ts, completions, tokens / max(steps, 1), tokens / max(seconds, 1e-9))
         print(f"[{mode}: {time.time() - started:.0f}s]", file=sys.stderr, flush=True)
 
     print(f"held-out infill, {args.n} tasks per kind, model {args.model or 'embedded'}")
