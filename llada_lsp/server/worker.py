@@ -181,4 +181,5 @@ class ModelWorker:
             line = f"{ticket.label}: {ticket.steps} steps in {seconds * 1000:.1f} ms"
             if ticket.steps_at_cancel is not None:
                 line += f", cancelled ({ticket.steps - ticket.steps_at_cancel} steps after the cancel)"
-        self._to_loop(self.log, line)
+        # Queued behind the answer: the request's task wakes on the loop's next turn, the log after it.
+        self._to_loop(self.loop.call_soon, self.log, line)
