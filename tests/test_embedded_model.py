@@ -5,6 +5,7 @@ infill job (prompt, token healing, decoding, post-processing)."""
 from __future__ import annotations
 
 import ast
+import threading
 
 from llada_lsp.server import jobs
 from llada_lsp.training.corpus import is_held_out
@@ -31,18 +32,13 @@ def copy(x):
 '''
 
 
-class _Never:
-    def is_set(self) -> bool:
-        return False
-
-
 def test_the_shipped_model_infills_held_out_code_with_a_line_that_parses(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert is_held_out("copy.py")
     model = jobs.load(jobs.ModelSpec(None), lambda *_: None)
     prefix, suffix = SNIPPET.split("<CURSOR>")
     drafts = []
-    out = jobs.run_infill(model, jobs.Infill(prefix + suffix, len(prefix), "speed", 64, 1024), _Never(),
+    out = jobs.run_infill(model, jobs.Infill(prefix + suffix, len(prefix), "speed", 64, 1024), threading.Event(),
                           lambda step, text: drafts.append(text))
     assert out.text.split("\n")[0].strip(), out
     ast.parse(prefix + out.text + suffix)

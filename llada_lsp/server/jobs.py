@@ -13,7 +13,7 @@ from typing import Callable, Protocol
 from ..engine import Engine
 from ..model import CheckpointError, load_model, load_tokenizer
 from .postprocess import Cursor, finish, strip_special, unfence
-from .prompt import CHARS_PER_TOKEN, TextCodec, heal, infill_prompt, rewrite_prompt
+from .prompt import CHARS_PER_TOKEN, Healed, TextCodec, heal, infill_prompt, rewrite_prompt
 
 MIN_PROMPT = 32  # positions always left to the prompt when a completion length is clamped to the model
 
@@ -80,6 +80,8 @@ def load(spec: ModelSpec, report: Callable[[str, int], None]) -> LoadedModel:
     if tokenizer is None:
         raise CheckpointError(f"{spec.name}: no tokenizer (tokenizer.json) beside the weights")
     codec = TextCodec.from_tokenizer(tokenizer)
+    if codec.special.has_fim:
+        _ = codec.token_index  # token healing's lookup: built now, not on the first keystroke inside a word
     if codec.special.mask is None and model.config.mask_token_id is None:
         raise CheckpointError(f"{spec.name}: the tokenizer has no <|mask|> token")
     report("warming up", 90)
@@ -116,20 +118,18 @@ def run_infill(model: LoadedModel, job: Infill, cancel: Flag, emit: Callable[[in
     before, after = _window(job.text, job.cursor, job.cursor, budget * CHARS_PER_TOKEN)
     prompt = infill_prompt(before, after, codec, budget)
     chat = prompt.layout == "chat"
-    healed = heal(prompt, codec)
-    taken_back = healed.text if healed else ""
+    healed = heal(prompt, codec) or Healed(prompt.ids, "", None)
     stop = _StopWhen(cancel)
     gen = model.engine.generation(
-        healed.ids if healed else prompt.ids, gen_length, job.mode, eos_early_stop=True,
-        mask_id=codec.special.mask, eos_id=codec.special.eos, cancel=stop,
-        first_allowed=healed.allowed if healed else None,
+        healed.ids, gen_length, job.mode, eos_early_stop=True, mask_id=codec.special.mask,
+        eos_id=codec.special.eos, cancel=stop, first_allowed=healed.allowed,
     )  # fmt: skip
     shown, steps = None, 0
     for draft in gen:
         steps = draft.step
         filled = draft.generated[: _first(draft.generated, codec.special.mask)]
         raw, ended = codec.text_of(filled)
-        raw = raw.removeprefix(taken_back)  # the first token starts with the text taken back
+        raw = raw.removeprefix(healed.text)  # the first token starts with the text taken back
         # Every position filled: nothing will be added, only revised (post steps).
         completion = finish(raw, cursor, ended or len(filled) == gen_length, chat)
         if completion.complete and completion.text == shown:
@@ -143,7 +143,7 @@ def run_infill(model: LoadedModel, job: Infill, cancel: Flag, emit: Callable[[in
     if result.cancelled:
         return Outcome(shown or "", steps, result.seconds, "cancelled")
     raw, _ = codec.text_of([t for t in result.tokens if t != codec.special.mask])
-    return Outcome(finish(raw.removeprefix(taken_back), cursor, True, chat).text, result.steps, result.seconds, "done")
+    return Outcome(finish(raw.removeprefix(healed.text), cursor, True, chat).text, result.steps, result.seconds, "done")
 
 
 def run_rewrite(model: LoadedModel, job: Rewrite, cancel: Flag, emit: Callable[[int, str], None]) -> Outcome:

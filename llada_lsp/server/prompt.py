@@ -7,6 +7,7 @@ Knows nothing of the LSP, positions or tensors: strings in, token ids out (throu
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -57,6 +58,20 @@ class TextCodec:
         return self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))], skip_special_tokens=False,
                                            clean_up_tokenization_spaces=False)
 
+    @cached_property
+    def token_index(self) -> tuple[list[str], list[int]]:
+        """The texts of the ids a completion may hold (no stop ids), sorted, and their ids: the texts
+        that start with a given string are one run of it, found by bisection."""
+        pairs = sorted((t, i) for i, t in enumerate(self.token_texts) if i not in self.stop_ids)
+        return [t for t, _ in pairs], [i for _, i in pairs]
+
+    def ids_starting_with(self, text: str) -> list[int]:
+        texts, ids = self.token_index
+        lo = hi = bisect_left(texts, text)
+        while hi < len(texts) and texts[hi].startswith(text):
+            hi += 1
+        return ids[lo:hi]
+
     def text_of(self, ids: list[int]) -> tuple[str, bool]:
         """Generated ids -> (text up to the first stop id, whether a stop id was found). Bytes that
         decode to no character (a character split across tokens, or byte soup) never reach a buffer."""
@@ -102,9 +117,9 @@ _PARTIAL_WORD = re.compile(r" ?[A-Za-z0-9_]+")
 
 @dataclass(frozen=True)
 class Healed:
-    ids: list[int]  # the prompt without its last token
-    text: str  # that token's text: the completion starts with it, and it is cut off again
-    allowed: list[int]  # the ids the first generated position may hold: those whose text starts with `text`
+    ids: list[int]  # the prompt without the tokens taken back
+    text: str  # their text: the completion starts with it, and it is cut off again
+    allowed: list[int] | None  # the ids the first generated position may hold (None: any)
 
 
 def heal(prompt: InfillPrompt, codec: TextCodec, max_tokens: int = 4) -> Healed | None:
@@ -120,7 +135,7 @@ def heal(prompt: InfillPrompt, codec: TextCodec, max_tokens: int = 4) -> Healed 
         text = "".join(codec.token_texts[i] for i in prompt.ids[-k:])
         if not _PARTIAL_WORD.fullmatch(text):
             break
-        allowed = [i for i, t in enumerate(codec.token_texts) if t.startswith(text) and i not in codec.stop_ids]
+        allowed = codec.ids_starting_with(text)
         if len(allowed) > (1 if k == 1 else 0):  # one id that is the token itself heals nothing
             best = Healed(prompt.ids[:-k], text, allowed)
     return best

@@ -15,11 +15,11 @@ import ast
 import json
 import random
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
 import torch
-
 from tqdm import tqdm
 
 from ..server import jobs
@@ -88,11 +88,6 @@ def syntax_ok(task: Task, completion: str) -> bool:
         return False
 
 
-class _Never:
-    def is_set(self) -> bool:
-        return False
-
-
 def score(tasks, completions, tpf: float | None = None, tokens_per_s: float | None = None) -> dict:
     n = len(tasks)
     out = {
@@ -136,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 # Exactly what the server answers at this cursor: its prompt, decoding and post-processing.
                 job = jobs.Infill(t.prefix + t.suffix, len(t.prefix), mode, settings.max_completion_tokens,
                                   settings.context_tokens)
-                out = jobs.run_infill(model, job, _Never(), lambda *_: None)
+                out = jobs.run_infill(model, job, threading.Event(), lambda *_: None)
                 completions.append(cut_to_unit(kind, out.text))
                 tokens += len(model.codec.encode(out.text))
                 steps, seconds = steps + out.steps, seconds + out.seconds

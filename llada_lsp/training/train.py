@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..model import LLaDA2, LLaDA2Config, load_model, save_model
+from ..model.loader import resolve_device
 from ..prompting import SpecialIds
 from . import corpus
 from .objective import SampleStream, block_diffusion_loss, training_mask
@@ -115,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
+    device = resolve_device(None if args.device == "auto" else args.device)
     use_autocast = args.autocast == "on" or (args.autocast == "auto" and device.type == "cuda")
     workers = args.workers if args.workers is not None else (8 if device.type == "cuda" else 0)
     if device.type == "cuda":
@@ -178,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                                               pin_memory=device.type == "cuda",
                                               prefetch_factor=4 if workers else None))
     allow = training_mask(args.seq_len, args.block).to(device)
+
     def amp():
         return torch.autocast(device.type, dtype=torch.bfloat16) if use_autocast else contextlib.nullcontext()
 
