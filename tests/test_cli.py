@@ -36,3 +36,21 @@ def test_help_lists_the_subcommands():
     assert p.returncode == 0
     for name in ("generate", "bench", "complete", "rewrite", "train", "eval-infill"):
         assert name in p.stdout
+
+
+def test_a_session_read_from_a_file(tmp_path):
+    """stdin that is not a pipe (a recorded session replayed from a file) goes through pygls' own
+    reader: answered, and shutdown + exit end with code 0."""
+    messages = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}}},
+        {"jsonrpc": "2.0", "method": "initialized", "params": {}},
+        {"jsonrpc": "2.0", "id": 2, "method": "shutdown"},
+        {"jsonrpc": "2.0", "method": "exit"},
+    ]
+    session = tmp_path / "session.lsp"
+    session.write_bytes(b"".join(b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                                 for body in (json.dumps(m).encode() for m in messages)))
+    with session.open("rb") as stdin:
+        p = subprocess.run([sys.executable, "-m", "llada_lsp"], stdin=stdin, capture_output=True, timeout=300)
+    assert p.returncode == 0, p.stderr.decode()
+    assert b'"inlineCompletionProvider"' in p.stdout and b'"id": 2' in p.stdout

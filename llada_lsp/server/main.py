@@ -10,7 +10,9 @@ import argparse
 import asyncio
 import logging
 import os
+import stat
 import sys
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -19,6 +21,7 @@ import cattrs
 import torch
 from lsprotocol import types
 from pygls.exceptions import FeatureRequestError, JsonRpcException, JsonRpcInvalidParams
+from pygls.io_ import StdoutWriter, run_async
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol, default_converter, lsp_method
 
@@ -128,6 +131,38 @@ class LladaProtocol(LanguageServerProtocol):
         return (yield handler, (params,), None)
 
 
+class _PipeReader:
+    """pygls' reader interface over an asyncio stream; end of input reads as b"" (pygls then stops)."""
+
+    def __init__(self, stream: asyncio.StreamReader):
+        self.stream = stream
+
+    async def readline(self) -> bytes:
+        return await self.stream.readline()
+
+    async def readexactly(self, n: int) -> bytes:
+        try:
+            return await self.stream.readexactly(n)
+        except asyncio.IncompleteReadError as err:
+            return err.partial
+
+
+def _is_pipe(stream) -> bool:
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):  # no file descriptor (an in-memory stream)
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def _run_loop(coroutine) -> None:
+    try:
+        import uvloop
+    except ImportError:  # optional (not on Windows): the standard loop
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
 def _why(error: BaseException | None) -> str:
     if isinstance(error, cattrs.BaseValidationError):
         return "; ".join(cattrs.transform_error(error))
@@ -147,6 +182,32 @@ class LladaServer(LanguageServer):
         self._load_token: str | None = None
         self._load_message = "starting"
         self._tasks: set[asyncio.Task] = set()
+
+    def start_io(self, stdin=None, stdout=None) -> None:
+        """stdio, read by the event loop itself (on uvloop where installed). pygls reads stdin on a
+        thread pool, a hop to another thread and back for each header line and body; this takes
+        those hops off every keystroke's didChange and request. Anything that is not a pipe (a file,
+        a terminal) goes through pygls' reader."""
+        stdin, stdout = stdin or sys.stdin.buffer, stdout or sys.stdout.buffer
+        if not _is_pipe(stdin):
+            return super().start_io(stdin, stdout)
+        self._stop_event = threading.Event()  # what pygls' shutdown() sets to end the read loop
+        self.protocol.set_writer(StdoutWriter(stdout))
+
+        async def serve() -> None:
+            stream = asyncio.StreamReader(limit=2**20)
+            await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stream), stdin)
+            await run_async(stop_event=self._stop_event, reader=_PipeReader(stream), protocol=self.protocol,
+                            logger=logger, error_handler=self.report_server_error)  # fmt: skip
+
+        try:
+            _run_loop(serve())
+        except BrokenPipeError:
+            logger.error("the client closed the connection")
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            self.shutdown()
 
     def background(self, coroutine) -> None:
         """Runs a coroutine on the loop, holding a reference until it ends."""
