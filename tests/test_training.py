@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 import torch
 
 from llada_lsp.training import train
@@ -80,3 +81,18 @@ def test_fim_samples_end_with_a_run_of_end_of_text():
         first_eos = tail.index(special.eos)
         assert all(t == special.eos for t in tail[first_eos:])
     assert max(len(s) - s.index(special.eos) for s in fim) > 10  # runs, not a single end-of-text
+
+
+def test_hole_weights_set_the_sample_mix():
+    from llada_lsp.model import load_tokenizer
+    from llada_lsp.training.objective import HOLE_KINDS, SampleStream, parse_hole_weights
+
+    assert parse_hole_weights("rest_of_line=0.6")[0] == 0.6
+    assert parse_hole_weights("plain=0,span=0")[HOLE_KINDS.index("span")] == 0
+    for bad in ("foo=1", "plain", "plain=-1", ",".join(f"{k}=0" for k in HOLE_KINDS)):
+        with pytest.raises(ValueError):
+            parse_hole_weights(bad)
+    tok = load_tokenizer(None)
+    only_plain = parse_hole_weights(",".join(f"{k}={int(k == 'plain')}" for k in HOLE_KINDS))
+    stream = SampleStream([f.text for f in iter_files("train")[:20]], tok, seed=0, hole_weights=only_plain)
+    assert all(tok.convert_ids_to_tokens(stream.sample()[0]) != "<|fim_prefix|>" for _ in range(50))

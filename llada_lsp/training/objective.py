@@ -21,6 +21,21 @@ HOLE_KINDS = ("rest_of_line", "whole_line", "block_body", "span", "plain")
 HOLE_WEIGHTS = (0.30, 0.20, 0.20, 0.10, 0.20)
 
 
+def parse_hole_weights(spec: str) -> tuple[float, ...]:
+    """'rest_of_line=0.5,plain=0.1' -> weights in HOLE_KINDS order; kinds not named keep their default."""
+    weights = dict(zip(HOLE_KINDS, HOLE_WEIGHTS))
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        kind, _, value = part.partition("=")
+        if kind not in weights or not value:
+            raise ValueError(f"bad hole weight {part!r}: use KIND=WEIGHT with KIND one of {', '.join(HOLE_KINDS)}")
+        weights[kind] = float(value)
+        if weights[kind] < 0:
+            raise ValueError(f"bad hole weight {part!r}: weights are >= 0")
+    if not any(weights.values()):
+        raise ValueError("at least one hole weight must be positive")
+    return tuple(weights[k] for k in HOLE_KINDS)
+
+
 def find_block_bodies(lines: list[str]) -> list[tuple[int, int]]:
     """(first, end) line ranges of indented bodies that follow a line ending with ':'."""
     bodies = []
@@ -78,8 +93,10 @@ def cut_hole(text: str, kind: str, rng: random.Random) -> tuple[str, str, str] |
 class SampleStream:
     """Endless stream of token ids from the training files, samples separated by EOS."""
 
-    def __init__(self, texts: list[str], tokenizer, seed: int, window_chars: int = 1400, max_eos_run: int = 40):
+    def __init__(self, texts: list[str], tokenizer, seed: int, window_chars: int = 1400, max_eos_run: int = 40,
+                 hole_weights: tuple[float, ...] = HOLE_WEIGHTS):
         self.texts, self.tok, self.window, self.max_eos_run = texts, tokenizer, window_chars, max_eos_run
+        self.hole_weights = hole_weights
         self.rng = random.Random(seed)
         self.special = SpecialIds.from_tokenizer(tokenizer)
         self.weights = [len(t) for t in texts]
@@ -93,7 +110,7 @@ class SampleStream:
             start = self.rng.randrange(len(text) - self.window)
             start = text.rfind("\n", 0, start) + 1  # windows start at a line start
             text = text[start : start + self.window]
-        kind = self.rng.choices(HOLE_KINDS, weights=HOLE_WEIGHTS)[0]
+        kind = self.rng.choices(HOLE_KINDS, weights=self.hole_weights)[0]
         hole = cut_hole(text, kind, self.rng) if kind != "plain" else None
         if hole is None:
             return self.encode(text) + [self.special.eos]

@@ -25,7 +25,7 @@ from ..model import LLaDA2, LLaDA2Config, load_model, save_model
 from ..model.loader import resolve_device
 from ..prompting import SpecialIds
 from . import corpus
-from .objective import SampleStream, block_diffusion_loss, training_mask
+from .objective import HOLE_KINDS, HOLE_WEIGHTS, SampleStream, block_diffusion_loss, parse_hole_weights, training_mask
 from .tokenizer import save_tokenizer, train_tokenizer
 
 # The shipped size: the largest that trains well on two CPU cores in a few hours and stays under 25 MB
@@ -92,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=100, help="linear warmup steps")
     ap.add_argument("--edit-ratio", type=float, default=0.15, help="share of visible tokens replaced, times t")
     ap.add_argument("--keep-weight", type=float, default=0.1, help="loss weight of kept visible tokens")
+    ap.add_argument("--holes", type=_hole_weights,
+                    default=",".join(f"{k}={w}" for k, w in zip(HOLE_KINDS, HOLE_WEIGHTS)),
+                    help="sample mix, KIND=WEIGHT,... over " + ", ".join(HOLE_KINDS) + " (unnamed kinds keep "
+                         "the default weights, in that order)")
     ap.add_argument("--vocab-size", type=int, default=8192, help="BPE size, when the tokenizer is trained")
     ap.add_argument("--seed", type=int, default=0, help="seeds the weights, the samples and the noise")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads of the training process")
@@ -173,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     # The data stream is reseeded from the step, so a resumed run sees new samples, deterministically.
     if workers:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers tokenize; no nested threads
-    batches = Batches(texts, tok, args.seed * 1_000_003 + step, args.batch, args.seq_len)
+    batches = Batches(texts, tok, args.seed * 1_000_003 + step, args.batch, args.seq_len, args.holes)
     loader = iter(torch.utils.data.DataLoader(batches, batch_size=None, num_workers=workers,
                                               pin_memory=device.type == "cuda",
                                               prefetch_factor=4 if workers else None))
@@ -223,17 +227,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _hole_weights(spec: str) -> tuple[float, ...]:
+    try:
+        return parse_hole_weights(spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 class Batches(torch.utils.data.IterableDataset):
     """Endless [batch, seq_len] id tensors; each data worker draws its own seeded sample stream."""
 
-    def __init__(self, texts: list[str], tokenizer, seed: int, batch: int, seq_len: int):
+    def __init__(self, texts: list[str], tokenizer, seed: int, batch: int, seq_len: int,
+                 hole_weights: tuple[float, ...] = HOLE_WEIGHTS):
         self.texts, self.tok, self.seed, self.batch, self.seq_len = texts, tokenizer, seed, batch, seq_len
+        self.hole_weights = hole_weights
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         seed = self.seed + 7919 * (info.id if info else 0)
         # Samples of about one sequence, so most FIM holes keep their context in the same sequence.
-        stream = SampleStream(self.texts, self.tok, seed, window_chars=3 * self.seq_len).sequences(self.seq_len)
+        stream = SampleStream(self.texts, self.tok, seed, window_chars=3 * self.seq_len,
+                              hole_weights=self.hole_weights).sequences(self.seq_len)
         while True:
             yield torch.tensor([next(stream) for _ in range(self.batch)])
 
