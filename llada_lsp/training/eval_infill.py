@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from ..engine import PRESETS
 from ..server import jobs
 from ..server.settings import Settings
 from .corpus import iter_files
@@ -105,11 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp eval-infill", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="model folder (default: the embedded model)")
     ap.add_argument("--n", type=int, default=100, help="tasks per kind")
-    ap.add_argument("--modes", default="speed,quality,no-edit")
+    ap.add_argument("--modes", default="speed,quality,no-edit", help="decoding presets to score, comma-separated")
+    ap.add_argument("--kinds", default=",".join(TASK_KINDS), help="task kinds to score, comma-separated")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", action="store_true", help="also print the scores as one JSON line")
     args = ap.parse_args(argv)
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = [k for k in kinds if k not in TASK_KINDS] or [m for m in args.modes.split(",") if m not in PRESETS]
+    if unknown or not kinds:
+        ap.error(f"unknown kind or mode {unknown[0] if unknown else ''!r}: kinds are {', '.join(TASK_KINDS)}; "
+                 f"modes are {', '.join(PRESETS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     model = jobs.load(jobs.ModelSpec(args.model, device="cpu", dtype="float32"), lambda *_: None)
@@ -117,14 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         print("llada-lsp eval-infill: the model's tokenizer has no FIM tokens", file=sys.stderr)
         return 2
     settings = Settings()
-    tasks = make_tasks(args.n, args.seed)
+    tasks = [t for t in make_tasks(args.n, args.seed) if t.kind in kinds]
     results: dict[str, dict[str, dict]] = {}
-    for kind in TASK_KINDS:
+    for kind in kinds:
         ts = [t for t in tasks if t.kind == kind]
         results.setdefault("previous-line", {})[kind] = score(ts, [previous_line_baseline(t) for t in ts])
     for mode in args.modes.split(","):
         started = time.time()
-        for kind in TASK_KINDS:
+        for kind in kinds:
             ts = [t for t in tasks if t.kind == kind]
             completions, tokens, steps, seconds = [], 0, 0, 0.0
             for t in tqdm(ts, desc=f"{mode} {kind}", leave=False, mininterval=2):
