@@ -96,3 +96,39 @@ def test_hole_weights_set_the_sample_mix():
     only_plain = parse_hole_weights(",".join(f"{k}={int(k == 'plain')}" for k in HOLE_KINDS))
     stream = SampleStream([f.text for f in iter_files("train")[:20]], tok, seed=0, hole_weights=only_plain)
     assert all(tok.convert_ids_to_tokens(stream.sample()[0]) != "<|fim_prefix|>" for _ in range(50))
+
+
+def test_confidence_loss_sharpens_only_correct_predictions():
+    """--confidence-weight adds w x the entropy at masked positions whose argmax is already right, and
+    its gradient touches only those positions."""
+    from llada_lsp.training.objective import block_diffusion_loss
+
+    B, L, V, mask_id = 2, 64, 50, 1
+    x = torch.randint(5, V, (B, L), generator=torch.Generator().manual_seed(0))
+
+    class Logits(torch.nn.Module):  # a "model" whose logits are its parameters: argmax right on even positions
+        def __init__(self):
+            super().__init__()
+            start = torch.randn(B, L, V, generator=torch.Generator().manual_seed(1))
+            start[:, ::2].scatter_(-1, x[:, ::2, None], 4.0)
+            self.logits = torch.nn.Parameter(start)
+
+        def forward(self, ids, positions, allow, last_n):
+            return self.logits
+
+    model, allow = Logits(), training_mask(L, 32)
+
+    def loss(weight: float):
+        return block_diffusion_loss(model, x, mask_id, 32, 0.0, 0.1, allow, torch.Generator().manual_seed(2), weight)
+
+    plain, plain_stats = loss(0.0)
+    sharp, stats = loss(1.0)
+    assert "entropy" not in plain_stats and stats["entropy"] > 0
+    assert torch.isclose(sharp, plain + stats["entropy"])
+    (grad,) = torch.autograd.grad(sharp - plain, model.logits)
+    touched = grad.abs().sum(-1) > 0
+    right = model.logits.detach().argmax(-1) == x
+    assert touched.any() and not (touched & ~right).any()  # wrong predictions are left alone
+    with torch.no_grad():
+        model.logits -= 10 * grad
+    assert loss(1.0)[1]["entropy"] < stats["entropy"]

@@ -171,7 +171,12 @@ def noise_batch(
 
 
 def block_diffusion_loss(model, x: torch.Tensor, mask_id: int, block: int, edit_ratio: float, keep_weight: float,
-                         allow: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
+                         allow: torch.Tensor, gen: torch.Generator, confidence_weight: float = 0.0
+                         ) -> tuple[torch.Tensor, dict]:
+    """The weighted denoising loss, plus `confidence_weight` x the mean entropy of the predictions at
+    masked positions the model already gets right (LLaDA2.0's confidence-aware parallel training:
+    it sharpens correct predictions, so more of them pass a decoding threshold in the same step,
+    without pushing the wrong ones)."""
     B, L = x.shape
     noisy, weights = noise_batch(x, block, mask_id, edit_ratio, keep_weight, gen)  # on the CPU: seeded
     x, noisy, weights = (t.to(allow.device, non_blocking=True) for t in (x, noisy, weights))
@@ -179,11 +184,16 @@ def block_diffusion_loss(model, x: torch.Tensor, mask_id: int, block: int, edit_
     logits = model(torch.cat([x, noisy], dim=1), positions=positions, allow=allow, last_n=L)  # [B, L, V]
     nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x.flatten(), reduction="none").view(B, L)
     loss = (nll * weights).sum() / weights.sum()
-    with torch.no_grad():
-        is_mask = noisy == mask_id
-        stats = {
-            "mask_loss": (nll[is_mask].mean().item() if is_mask.any() else 0.0),
-            "mask_acc": ((logits.argmax(-1) == x)[is_mask].float().mean().item() if is_mask.any() else 0.0),
-        }
+    is_mask = noisy == mask_id
+    right = (logits.detach().argmax(-1) == x) & is_mask
+    stats = {
+        "mask_loss": (nll.detach()[is_mask].mean().item() if is_mask.any() else 0.0),
+        "mask_acc": (right.sum() / is_mask.sum().clamp(min=1)).item(),
+    }
+    if confidence_weight and right.any():
+        logp = logits[right].float().log_softmax(-1)  # [n_right, V]
+        entropy = -(logp.exp() * logp).sum(-1).mean()
+        loss = loss + confidence_weight * entropy
+        stats["entropy"] = entropy.item()
     return loss, stats
 
