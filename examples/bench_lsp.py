@@ -9,7 +9,7 @@ post-processing; no LSP). Printed: p50/p95 from didChange to the inline response
 direct call's times, and the LSP's overhead per keystroke (against the direct call, and against the
 server's own time for the job).
 
-    python examples/bench_lsp.py [--limit N] [--mode speed|quality] [--model PATH]
+    python examples/bench_lsp.py [--limit N] [--mode speed|quality] [--model PATH] [--no-drafts]
 
 A benchmark, not a test: numbers depend on the machine and on how well the model is trained.
 """
@@ -107,7 +107,7 @@ async def run(start: str, keys: list[Keystroke], args) -> tuple[Timing, Timing]:
     client.feature(t.WINDOW_LOG_MESSAGE)(on_log)
     server = [sys.executable, "-m", "llada_lsp", "serve", "--threads", str(args.threads)]
     await client.start_io(*server, *(["--model", args.model] if args.model else []))
-    capabilities = t.ClientCapabilities(experimental={"lladaDrafts": True})
+    capabilities = t.ClientCapabilities(experimental={"lladaDrafts": not args.no_drafts})
     options = {"inlineMode": args.mode, "maxCompletionTokens": args.max_tokens}
     await client.initialize_async(t.InitializeParams(capabilities=capabilities, initialization_options=options))
     client.initialized(t.InitializedParams())
@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", default="speed", choices=("speed", "quality"))
     ap.add_argument("--max-tokens", type=int, default=64, help="maxCompletionTokens (default 64, the server's)")
     ap.add_argument("--model", help="model folder (default: the embedded model)")
+    ap.add_argument("--no-drafts", action="store_true", help="do not ask for llada/draft notifications (what they cost)")
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2), help="torch threads, both sides")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
