@@ -195,7 +195,7 @@ class LladaServer(LanguageServer):
         self.protocol.set_writer(StdoutWriter(stdout))
 
         async def serve() -> None:
-            stream = asyncio.StreamReader(limit=2**20)
+            stream = asyncio.StreamReader(limit=2**20)  # buffered before reading pauses: a big didOpen in few reads
             await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stream), stdin)
             await run_async(stop_event=self._stop_event, reader=_PipeReader(stream), protocol=self.protocol,
                             logger=logger, error_handler=self.report_server_error)  # fmt: skip

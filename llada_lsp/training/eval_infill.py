@@ -112,11 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", action="store_true", help="also print the scores as one JSON line")
     args = ap.parse_args(argv)
-    kinds = [k for k in args.kinds.split(",") if k]
-    unknown = [k for k in kinds if k not in TASK_KINDS] or [m for m in args.modes.split(",") if m not in PRESETS]
-    if unknown or not kinds:
-        ap.error(f"unknown kind or mode {unknown[0] if unknown else ''!r}: kinds are {', '.join(TASK_KINDS)}; "
-                 f"modes are {', '.join(PRESETS)}")
+    kinds, modes = [k for k in args.kinds.split(",") if k], [m for m in args.modes.split(",") if m]
+    if not kinds or not set(kinds) <= set(TASK_KINDS):
+        ap.error(f"--kinds {args.kinds!r}: choose from {', '.join(TASK_KINDS)}")
+    if not modes or not set(modes) <= set(PRESETS):
+        ap.error(f"--modes {args.modes!r}: choose from {', '.join(PRESETS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     model = jobs.load(jobs.ModelSpec(args.model, device="cpu", dtype="float32"), lambda *_: None)
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind in kinds:
         ts = [t for t in tasks if t.kind == kind]
         results.setdefault("previous-line", {})[kind] = score(ts, [previous_line_baseline(t) for t in ts])
-    for mode in args.modes.split(","):
+    for mode in modes:
         started = time.time()
         for kind in kinds:
             ts = [t for t in tasks if t.kind == kind]
