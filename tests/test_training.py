@@ -132,3 +132,31 @@ def test_confidence_loss_sharpens_only_correct_predictions():
     with torch.no_grad():
         model.logits -= 10 * grad
     assert loss(1.0)[1]["entropy"] < stats["entropy"]
+
+
+def test_self_fill_writes_the_models_confident_guesses_into_masks():
+    """--self-fill: a chosen block's masks get the model's argmax where it is confident (never a mask);
+    a wrong guess is labelled with the original at full weight, a right one at the keep weight."""
+    from llada_lsp.training.objective import self_fill
+
+    B, L, V, mask_id = 2, 64, 50, 1
+    x = torch.randint(5, V, (B, L), generator=torch.Generator().manual_seed(0))
+    noisy = torch.where(torch.arange(L) % 4 == 0, x, mask_id).expand(B, L).clone()  # every 4th visible
+    weights = torch.where(noisy == mask_id, 1.0, 0.1)
+    logits = torch.zeros(B, L, V)
+    pos = torch.arange(L)
+    sure_right, sure_wrong, mask_top = pos % 4 == 1, pos % 4 == 2, pos % 4 == 3
+    logits[:, sure_right] = logits[:, sure_right].scatter(-1, x[:, sure_right, None], 20.0)
+    logits[:, sure_wrong] = logits[:, sure_wrong].scatter(-1, (x[:, sure_wrong, None] + 1) % V, 20.0)
+    logits[:, mask_top] = logits[:, mask_top].scatter(-1, x[:, mask_top, None], 25.0)
+    logits[:, mask_top, mask_id] = 30.0  # a step never writes a mask: the best real token goes in
+    gen = torch.Generator().manual_seed(3)
+    new, new_w = self_fill(logits, x, noisy, weights, mask_id, 32, 1.0, 0.1, gen)
+    assert (new[:, sure_right] == x[:, sure_right]).all() and (new_w[:, sure_right] == 0.1).all()
+    assert (new[:, sure_wrong] != x[:, sure_wrong]).all() and (new_w[:, sure_wrong] == 1.0).all()
+    assert (new[:, mask_top] == x[:, mask_top]).all()
+    flat = torch.zeros(B, L, V)  # nowhere confident: nothing is written
+    assert torch.equal(self_fill(flat, x, noisy, weights, mask_id, 32, 1.0, 0.1, gen)[0], noisy)
+    assert torch.equal(new[:, pos % 4 == 0], x[:, pos % 4 == 0])  # visible tokens untouched
+    unchanged = self_fill(logits, x, noisy, weights, mask_id, 32, 0.0, 0.1, gen)
+    assert torch.equal(unchanged[0], noisy) and torch.equal(unchanged[1], weights)

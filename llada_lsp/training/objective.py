@@ -7,7 +7,9 @@ room is larger than the answer), packed into sequences of the full context lengt
 Objective (block diffusion, as LLaDA2.x): each block of the sequence is noised with its own ratio and
 denoised given the clean earlier blocks; the clean copy runs beside the noisy one (clean first, so the
 logits of the noisy half are the last rows). Editing noise replaces some visible tokens with tokens drawn
-from the batch, labelled with the original, so token-to-token editing is learned.
+from the batch, labelled with the original, so token-to-token editing is learned. Self-filling (optional)
+goes further: some blocks get the model's own confident guesses written into their masks, as a decoding
+step writes them, so the model also learns to revise the plausible mistakes it actually makes.
 """
 
 from __future__ import annotations
@@ -170,26 +172,59 @@ def noise_batch(
     return noisy, weights
 
 
+def self_fill(logits: torch.Tensor, x: torch.Tensor, noisy: torch.Tensor, weights: torch.Tensor, mask_id: int,
+              block: int, share: float, keep_weight: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write the model's own guesses into the masks of a `share` of the blocks, as one decoding step
+    writes them: the argmax (never a mask) wherever its probability beats a threshold drawn per block
+    from U(0.3, 0.9). A wrong guess is a mistake the model really makes, plausible in its context,
+    labelled with the original (weight 1); a right one must be kept (`keep_weight`). The masks left
+    beside them learn to fill next to imperfect neighbours, as in a real decode.
+
+    logits [B, L, V] of a no-grad forward on `noisy`; returns the new (noisy, weights)."""
+    B, L = x.shape
+    n_blocks = L // block
+    logits = logits.float().clone()
+    logits[..., mask_id] = float("-inf")
+    conf, guess = logits.softmax(-1).max(-1)
+    chosen = torch.rand(B, n_blocks, 1, generator=gen) < share
+    cut = torch.rand(B, n_blocks, 1, generator=gen).mul(0.6).add(0.3)
+
+    def per_position(t: torch.Tensor) -> torch.Tensor:  # [B, n_blocks, 1] -> [B, L]
+        return t.expand(B, n_blocks, block).reshape(B, L).to(x.device)
+
+    fill = (noisy == mask_id) & per_position(chosen) & (conf > per_position(cut))
+    noisy = torch.where(fill, guess, noisy)
+    weights = torch.where(fill, torch.where(guess == x, keep_weight, 1.0), weights)
+    return noisy, weights
+
+
 def block_diffusion_loss(model, x: torch.Tensor, mask_id: int, block: int, edit_ratio: float, keep_weight: float,
-                         allow: torch.Tensor, gen: torch.Generator, confidence_weight: float = 0.0
-                         ) -> tuple[torch.Tensor, dict]:
+                         allow: torch.Tensor, gen: torch.Generator, confidence_weight: float = 0.0,
+                         self_fill_share: float = 0.0) -> tuple[torch.Tensor, dict]:
     """The weighted denoising loss, plus `confidence_weight` x the mean entropy of the predictions at
     masked positions the model already gets right (LLaDA2.0's confidence-aware parallel training:
     it sharpens correct predictions, so more of them pass a decoding threshold in the same step,
-    without pushing the wrong ones)."""
+    without pushing the wrong ones). With `self_fill_share`, a no-grad forward first writes the
+    model's own guesses into that share of the blocks (see `self_fill`)."""
     B, L = x.shape
     noisy, weights = noise_batch(x, block, mask_id, edit_ratio, keep_weight, gen)  # on the CPU: seeded
     x, noisy, weights = (t.to(allow.device, non_blocking=True) for t in (x, noisy, weights))
     positions = torch.arange(L, device=allow.device).repeat(2)
+    stats = {}
+    if self_fill_share:
+        with torch.no_grad():
+            guesses = model(torch.cat([x, noisy], dim=1), positions=positions, allow=allow, last_n=L)
+        was_masked = noisy == mask_id
+        noisy, weights = self_fill(guesses, x, noisy, weights, mask_id, block, self_fill_share, keep_weight, gen)
+        written = was_masked & (noisy != mask_id)
+        stats["self_fill_wrong"] = ((noisy != x) & written).sum().item() / max(written.sum().item(), 1)
     logits = model(torch.cat([x, noisy], dim=1), positions=positions, allow=allow, last_n=L)  # [B, L, V]
     nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x.flatten(), reduction="none").view(B, L)
     loss = (nll * weights).sum() / weights.sum()
     is_mask = noisy == mask_id
     right = (logits.detach().argmax(-1) == x) & is_mask
-    stats = {
-        "mask_loss": (nll.detach()[is_mask].mean().item() if is_mask.any() else 0.0),
-        "mask_acc": (right.sum() / is_mask.sum().clamp(min=1)).item(),
-    }
+    stats["mask_loss"] = nll.detach()[is_mask].mean().item() if is_mask.any() else 0.0
+    stats["mask_acc"] = (right.sum() / is_mask.sum().clamp(min=1)).item()
     if confidence_weight and right.any():
         logp = logits[right].float().log_softmax(-1)  # [n_right, V]
         entropy = -(logp.exp() * logp).sum(-1).mean()

@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--confidence-weight", type=float, default=0.0,
                     help="weight of the entropy of correct predictions at masked positions (LLaDA2.0's "
                          "confidence-aware training: sharper, so more tokens per step)")
+    ap.add_argument("--self-fill", type=float, default=0.0,
+                    help="share of blocks whose masks first get the model's own confident guesses (an extra "
+                         "no-grad forward), so it learns to revise its real mistakes, not only random tokens")
     ap.add_argument("--holes", type=_hole_weights,
                     default=",".join(f"{k}={w}" for k, w in zip(HOLE_KINDS, HOLE_WEIGHTS)),
                     help="sample mix, KIND=WEIGHT,... over " + ", ".join(HOLE_KINDS) + " (unnamed kinds keep "
@@ -205,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                 group["lr"] = lr_at(step, max(step / args.steps, elapsed() / budget), args.lr, args.warmup)
             with amp():
                 loss, stats = block_diffusion_loss(model, x, special.mask, args.block, args.edit_ratio,
-                                                   args.keep_weight, allow, gen, args.confidence_weight)
+                                                   args.keep_weight, allow, gen, args.confidence_weight, args.self_fill)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -219,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                      "acc": f"{stats['mask_acc']:.3f}"}
             if "entropy" in stats:
                 shown["entropy"] = f"{stats['entropy']:.2f}"
+            if "self_fill_wrong" in stats:
+                shown["fill_wrong"] = f"{stats['self_fill_wrong']:.2f}"
             bar.set_postfix(**shown, tok_s=f"{tokens_seen / (time.time() - started):.0f}")
             if step % args.save_every == 0:
                 save()
