@@ -160,3 +160,18 @@ def test_self_fill_writes_the_models_confident_guesses_into_masks():
     assert torch.equal(new[:, pos % 4 == 0], x[:, pos % 4 == 0])  # visible tokens untouched
     unchanged = self_fill(logits, x, noisy, weights, mask_id, 32, 0.0, 0.1, gen)
     assert torch.equal(unchanged[0], noisy) and torch.equal(unchanged[1], weights)
+
+
+def test_eval_infill_scores_modes_and_compares_them_in_pairs(capsys):
+    from llada_lsp.training import eval_infill
+
+    threads = torch.get_num_threads()
+    assert eval_infill.main(["--n", "2", "--kinds", "rest_of_line", "--modes", "speed,no-edit", "--threads", "1"]) == 0
+    torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "| speed | rest_of_line |" in out and "| no-edit | rest_of_line |" in out and "| previous-line |" in out
+    assert "speed vs no-edit, rest_of_line: first line right only in speed" in out
+    task = eval_infill.Task("rest_of_line", "f.py", "x = ", "1", "\n")
+    assert eval_infill.paired([task] * 3, ["1", "1", "2"], ["1", "2", "2"]) == (1, 0, 1.0)
+    only_a = eval_infill.paired([task] * 8, ["1"] * 8, ["2"] * 8)
+    assert only_a[:2] == (8, 0) and abs(only_a[2] - 2 / 2**8) < 1e-12

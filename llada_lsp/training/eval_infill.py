@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import math
 import random
 import sys
 import threading
@@ -102,6 +103,18 @@ def score(tasks, completions, tpf: float | None = None, tokens_per_s: float | No
     return out
 
 
+def paired(tasks, a: list[str], b: list[str]) -> tuple[int, int, float]:
+    """Tasks whose first line only `a` gets right, only `b` does, and the two-sided sign-test p-value of
+    that split (how likely so uneven a split is if neither is better)."""
+    right_a = [first_line(c) == first_line(t.middle) for t, c in zip(tasks, a)]
+    right_b = [first_line(c) == first_line(t.middle) for t, c in zip(tasks, b)]
+    only_a = sum(x and not y for x, y in zip(right_a, right_b))
+    only_b = sum(y and not x for x, y in zip(right_a, right_b))
+    n = only_a + only_b
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(min(only_a, only_b) + 1)) / 2**n)
+    return only_a, only_b, p
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp eval-infill", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="model folder (default: the embedded model)")
@@ -126,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings()
     tasks = [t for t in make_tasks(args.n, args.seed) if t.kind in kinds]
     results: dict[str, dict[str, dict]] = {}
+    answers: dict[str, dict[str, list[str]]] = {}
     for kind in kinds:
         ts = [t for t in tasks if t.kind == kind]
         results.setdefault("previous-line", {})[kind] = score(ts, [previous_line_baseline(t) for t in ts])
@@ -143,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 tokens += len(model.codec.encode(out.text))
                 steps, seconds = steps + out.steps, seconds + out.seconds
             results.setdefault(mode, {})[kind] = score(ts, completions, tokens / max(steps, 1), tokens / max(seconds, 1e-9))
+            answers.setdefault(mode, {})[kind] = completions
         print(f"[{mode}: {time.time() - started:.0f}s]", file=sys.stderr, flush=True)
 
     print(f"held-out infill, {args.n} tasks per kind, model {args.model or 'embedded'}")
@@ -153,6 +168,13 @@ def main(argv: list[str] | None = None) -> int:
             tpf = f"{s['tpf']:.2f}" if "tpf" in s else "-"
             tok_s = f"{s['tokens_per_s']:.0f}" if "tokens_per_s" in s else "-"
             print(f"| {mode} | {kind} | {s['first_line_em']:.1%} | {s['full_em']:.1%} | {s['syntax_ok']:.1%} | {tpf} | {tok_s} |")
+    if "no-edit" in answers:  # does editing pay, or is the gap noise? Same tasks, so compare them in pairs.
+        for mode in (m for m in answers if m != "no-edit"):
+            for kind in kinds:
+                ts = [t for t in tasks if t.kind == kind]
+                a, b, p = paired(ts, answers[mode][kind], answers["no-edit"][kind])
+                print(f"{mode} vs no-edit, {kind}: first line right only in {mode} {a}, only in no-edit {b}"
+                      f" (sign test p = {p:.2f})")
     if args.json:
         print(json.dumps(results))
     return 0
