@@ -161,6 +161,18 @@ def test_self_fill_writes_the_models_confident_guesses_into_masks():
     unchanged = self_fill(logits, x, noisy, weights, mask_id, 32, 0.0, 0.1, gen)
     assert torch.equal(unchanged[0], noisy) and torch.equal(unchanged[1], weights)
 
+    from llada_lsp.training.objective import block_diffusion_loss
+
+    seen = []
+
+    def model(ids, positions, allow, last_n):  # the same confident logits; records what each forward saw
+        seen.append(ids[:, last_n:].clone())
+        return logits.clone().requires_grad_()
+
+    loss, stats = block_diffusion_loss(model, x, mask_id, 32, 0.0, 0.1, training_mask(L, 32), gen, 0.0, 1.0)
+    assert len(seen) == 2 and 0 < stats["self_fill_wrong"] < 1  # a guessing pass, then the trained one
+    assert ((seen[1] != mask_id) & (seen[0] == mask_id)).any()  # the second saw the guesses in the masks
+
 
 def test_eval_infill_scores_modes_and_compares_them_in_pairs(capsys):
     from llada_lsp.training import eval_infill
