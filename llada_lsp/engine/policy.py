@@ -10,6 +10,14 @@ from dataclasses import dataclass
 import torch
 
 
+def guesses(logits: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [..., V] -> (confidence, token) [...]: the greedy token of each position and its softmax
+    probability (the paper's confidence), the mask excluded: a step must never write a mask."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
+    logits[..., mask_id] = float("-inf")
+    return logits.softmax(-1).max(-1)
+
+
 @dataclass(frozen=True)
 class StepUpdate:
     tokens: torch.Tensor  # [N] block tokens after the step
@@ -28,9 +36,7 @@ class JointThreshold:
 
     def step(self, tokens: torch.Tensor, logits: torch.Tensor, frozen: torch.Tensor, mask_id: int) -> StepUpdate:
         """tokens [N], logits [N, V], frozen [N] bool (prompt positions)."""
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
-        logits[:, mask_id] = float("-inf")  # a step must never write a mask
-        conf, argmax = logits.softmax(-1).max(-1)  # [N], [N]
+        conf, argmax = guesses(logits, mask_id)  # [N], [N]
         masked = tokens == mask_id
         filled = masked & (conf > self.threshold)
         # With no mask above the threshold, the single most confident mask is filled (if any is left).

@@ -137,16 +137,15 @@ def main(argv: list[str] | None = None) -> int:
         print("llada-lsp eval-infill: the model's tokenizer has no FIM tokens", file=sys.stderr)
         return 2
     settings = Settings()
-    tasks = [t for t in make_tasks(args.n, args.seed) if t.kind in kinds]
+    tasks = make_tasks(args.n, args.seed)
+    by_kind = {kind: [t for t in tasks if t.kind == kind] for kind in kinds}
     results: dict[str, dict[str, dict]] = {}
     answers: dict[str, dict[str, list[str]]] = {}
-    for kind in kinds:
-        ts = [t for t in tasks if t.kind == kind]
+    for kind, ts in by_kind.items():
         results.setdefault("previous-line", {})[kind] = score(ts, [previous_line_baseline(t) for t in ts])
     for mode in modes:
         started = time.time()
-        for kind in kinds:
-            ts = [t for t in tasks if t.kind == kind]
+        for kind, ts in by_kind.items():
             completions, tokens, steps, seconds = [], 0, 0, 0.0
             for t in tqdm(ts, desc=f"{mode} {kind}", leave=False, mininterval=2):
                 # Exactly what the server answers at this cursor: its prompt, decoding and post-processing.
@@ -170,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {mode} | {kind} | {s['first_line_em']:.1%} | {s['full_em']:.1%} | {s['syntax_ok']:.1%} | {tpf} | {tok_s} |")
     if "no-edit" in answers:  # does editing pay, or is the gap noise? Same tasks, so compare them in pairs.
         for mode in (m for m in answers if m != "no-edit"):
-            for kind in kinds:
-                ts = [t for t in tasks if t.kind == kind]
+            for kind, ts in by_kind.items():
                 a, b, p = paired(ts, answers[mode][kind], answers["no-edit"][kind])
                 print(f"{mode} vs no-edit, {kind}: first line right only in {mode} {a}, only in no-edit {b}"
                       f" (sign test p = {p:.2f})")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 import torch
 
+from ..engine.policy import guesses
 from ..prompting import SpecialIds, fim_ids
 
 HOLE_KINDS = ("rest_of_line", "whole_line", "block_body", "span", "plain")
@@ -183,9 +184,7 @@ def self_fill(logits: torch.Tensor, x: torch.Tensor, noisy: torch.Tensor, weight
     logits [B, L, V] of a no-grad forward on `noisy`; returns the new (noisy, weights)."""
     B, L = x.shape
     n_blocks = L // block
-    logits = logits.float().clone()
-    logits[..., mask_id] = float("-inf")
-    conf, guess = logits.softmax(-1).max(-1)
+    conf, guess = guesses(logits, mask_id)  # as a decoding step guesses
     chosen = torch.rand(B, n_blocks, 1, generator=gen) < share
     cut = torch.rand(B, n_blocks, 1, generator=gen).mul(0.6).add(0.3)
 
