@@ -1,21 +1,21 @@
-"""Shared fixtures: the golden reference data and tiny checkpoints of the real architecture."""
+"""Shared fixtures: the golden reference data (in the repository, so a fresh clone runs every parity
+test) and tiny checkpoints of the real architecture."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = Path(os.environ.get("LLADA_GOLDEN", ROOT.parent / "shared" / "golden" / "llada2-tiny"))
+GOLDEN = ROOT / "tests" / "golden" / "llada2-tiny"
 
 
 @pytest.fixture(scope="session")
 def golden_dir() -> Path:
-    if not (GOLDEN / "config.json").is_file():
-        pytest.skip(f"golden data not found at {GOLDEN} (set LLADA_GOLDEN)")
+    # Part of the repository: missing means a broken checkout, which must fail, never skip.
+    assert (GOLDEN / "config.json").is_file(), f"the golden data is missing from the repository: {GOLDEN}"
     return GOLDEN
 
 
