@@ -19,6 +19,15 @@ export interface Draft {
 
 export const DRAFT_METHOD = 'llada/draft';
 
+/** The text a draft shows as ghost text, which is exactly what accepting it inserts. A draft still being
+ *  denoised stops where its text is still masked, so whitespace at its end is not followed by anything
+ *  yet and cannot be seen: it is left out. A draft of whitespace alone shows nothing (''). The final
+ *  draft equals the answer and is shown as it is. */
+export function shownText(draft: Draft): string {
+    const text = draft.final ? draft.text : draft.text.trimEnd();
+    return text.trim() === '' ? '' : text;
+}
+
 export class DraftStore {
     private readonly latest = new Map<string, Draft>();
 

@@ -5,12 +5,13 @@ import * as net from 'net';
 import * as vscode from 'vscode';
 import {
     CancellationToken, ClientCapabilities, DidChangeConfigurationNotification, ExecuteCommandRequest, LanguageClient,
-    LanguageClientOptions, LSPErrorCodes, ProgressToken, ServerOptions, State, StaticFeature, StreamInfo, TransportKind,
+    LanguageClientOptions, ProgressToken, ServerOptions, State, StaticFeature, StreamInfo, TransportKind,
     WorkDoneProgress, WorkDoneProgressCreateRequest,
 } from 'vscode-languageclient/node';
 import { Draft, DRAFT_METHOD } from './drafts';
-import { InlineCompletions } from './inline';
-import { DISCARDED, EditReview } from './review';
+import { ACCEPTED_COMMAND, InlineCompletions } from './inline';
+import { EditReview } from './review';
+import { errorNotice, resultNotice, RewriteResult, showNotice } from './rewrite';
 import {
     LladaSettings, parseTcpAddress, readSettings, RESTART_KEYS, SECTION, ServerSettings, toggleInlineMode,
     toInitializationOptions,
@@ -25,13 +26,6 @@ const SERVER_STATUS_COMMAND = 'llada.status';
 /** Commands the server advertises that this extension registers itself, adding the editor's state. */
 const OWN_SERVER_COMMANDS = new Set([REWRITE_COMMAND]);
 const STATUS_POLL_MS = 2000;
-
-/** The server's answer to `llada.rewriteSelection` (docs/protocol.md). */
-interface RewriteResult {
-    applied: boolean;
-    text: string;
-    reason?: string;
-}
 
 /** The parts of the extension that outlive a server restart. */
 interface Shared {
@@ -150,16 +144,14 @@ class LladaExtension implements vscode.Disposable {
         if (instruction === undefined) {
             return;
         }
+        // Every way the rewrite can end without an edit is told, except the user's own discard or cancel.
+        const cancel = new vscode.CancellationTokenSource();
         try {
-            const result = await session.rewrite(editor, instruction.trim());
-            // A discarded proposal needs no message; any other reason is news to the user.
-            if (result?.applied === false && result.reason !== undefined && result.reason !== DISCARDED) {
-                void vscode.window.showWarningMessage(`LLaDA: the rewrite was not applied: ${result.reason}`);
-            }
+            showNotice(resultNotice(await session.rewrite(editor, instruction.trim(), cancel)));
         } catch (error) {
-            if ((error as { code?: number }).code !== LSPErrorCodes.RequestCancelled) {
-                void vscode.window.showErrorMessage(`LLaDA rewrite failed: ${(error as Error).message}`);
-            }
+            showNotice(errorNotice(error, cancel.token.isCancellationRequested));
+        } finally {
+            cancel.dispose();
         }
     }
 }
@@ -227,6 +219,8 @@ class Session {
                 this.inline.cursorMoved(this.client.code2ProtocolConverter.asUri(event.textEditor.document.uri), event.selections[0].active)),
             vscode.workspace.onDidCloseTextDocument((document) =>
                 this.inline.forget(this.client.code2ProtocolConverter.asUri(document.uri))),
+            // Run by VS Code once an inline item is accepted: the rest of its request is stopped.
+            vscode.commands.registerCommand(ACCEPTED_COMMAND, (id: number) => this.inline.accepted(id)),
         );
     }
 
@@ -260,7 +254,8 @@ class Session {
         }
     }
 
-    async rewrite(editor: vscode.TextEditor, instruction: string): Promise<RewriteResult | null> {
+    /** `cancel` is cancelled if the user cancels the progress notification. */
+    async rewrite(editor: vscode.TextEditor, instruction: string, cancel: vscode.CancellationTokenSource): Promise<RewriteResult | null> {
         const c2p = this.client.code2ProtocolConverter;
         const argument = {
             textDocument: { uri: c2p.asUri(editor.document.uri), version: editor.document.version },
@@ -271,6 +266,7 @@ class Session {
         return vscode.window.withProgress(
             { location: vscode.ProgressLocation.Notification, title: 'LLaDA: rewriting the selection', cancellable: true },
             async (progress, token) => {
+                const cancelled = token.onCancellationRequested(() => cancel.cancel());
                 const listener = this.client.onProgress(WorkDoneProgress.type, workDoneToken, (value) => {
                     if (value.kind !== 'end' && value.message !== undefined) {
                         progress.report({ message: value.message });
@@ -278,9 +274,10 @@ class Session {
                 });
                 try {
                     return await this.client.sendRequest(ExecuteCommandRequest.type,
-                        { command: REWRITE_COMMAND, arguments: [argument], workDoneToken }, token) as RewriteResult | null;
+                        { command: REWRITE_COMMAND, arguments: [argument], workDoneToken }, cancel.token) as RewriteResult | null;
                 } finally {
                     listener.dispose();
+                    cancelled.dispose();
                 }
             });
     }

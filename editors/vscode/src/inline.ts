@@ -1,7 +1,11 @@
 /** Inline-completion middleware: one request in flight per cursor position, whose drafts are served as
- *  ghost text until its answer lands. Knows the language client only through the middleware's `next`. */
+ *  ghost text until its answer lands. Knows the language client only through the middleware's `next`.
+ *
+ *  What is shown is what Tab accepts: every item served inserts at the cursor exactly the text it shows
+ *  (no whitespace that cannot be seen, no range that replaces anything), and accepting one ends the
+ *  request it came from, so nothing of that request shows again. */
 import * as vscode from 'vscode';
-import { Draft, DraftStore } from './drafts';
+import { Draft, DraftStore, shownText } from './drafts';
 
 type InlineResult = vscode.InlineCompletionItem[] | vscode.InlineCompletionList | null | undefined;
 
@@ -30,18 +34,30 @@ interface Key {
 }
 
 interface InFlight {
+    /** Names the request in the command of the items it served. */
+    id: number;
     key: Key;
     source: vscode.CancellationTokenSource;
-    answer: Promise<InlineResult>;
+    /** The texts of the answer that can be inserted at the cursor; undefined when there are none. */
+    answer: Promise<string[] | undefined>;
     settled: boolean;
-    result: InlineResult;
+    result: string[] | undefined;
+    /** Whether a draft of it was served, and may be on screen. */
+    servedDraft: boolean;
 }
 
 export const TRIGGER_INLINE_SUGGEST = 'editor.action.inlineSuggest.trigger';
+/** Run by VS Code after an item is accepted (InlineCompletionItem.command), with the request's id. */
+export const ACCEPTED_COMMAND = 'llada.inlineCompletionAccepted';
+/** Context key, true while an item of ours may be on screen: package.json binds Tab to accepting it
+ *  even where VS Code would indent instead (ghost text that starts with a tab's worth of whitespace). */
+export const SHOWN_CONTEXT = 'llada.inlineSuggestionShown';
 
 export class InlineCompletions {
     private readonly drafts = new DraftStore();
     private inFlight: InFlight | undefined;
+    private nextId = 1;
+    private shown = false;
 
     constructor(
         private readonly events: InlineEvents,
@@ -49,7 +65,7 @@ export class InlineCompletions {
         private readonly now: () => number = () => Date.now(),
     ) {}
 
-    /** The `provideInlineCompletionItems` middleware. Each accepted draft re-triggers the inline
+    /** The `provideInlineCompletionItems` middleware. Each kept draft re-triggers the inline
      *  suggestion, and VS Code cancels the previous provider call when it does; the request therefore
      *  runs on its own token and outlives the calls that wait for it. */
     readonly provide = async (
@@ -72,14 +88,31 @@ export class InlineCompletions {
             inFlight = this.send(key, (requestToken) => next(document, position, context, requestToken));
         }
         if (inFlight.settled) {
-            return inFlight.result;
+            return this.items(inFlight, inFlight.result, position);
         }
         const draft = this.drafts.lookup(key.uri, key.version, position);
-        if (draft !== undefined && draft.text !== '') {
-            return [new vscode.InlineCompletionItem(draft.text, new vscode.Range(position, position))];
+        if (draft !== undefined) {
+            const text = shownText(draft);
+            if (text !== '') {
+                inFlight.servedDraft = true;
+                return this.items(inFlight, [text], position);
+            }
+            if (draft.final) {
+                // The completion ended empty: an empty list takes an earlier draft off the screen.
+                return [];
+            }
         }
-        return untilCancelled(inFlight.answer, token);
+        const request = inFlight;
+        return untilCancelled(request.answer, token).then((texts) => this.items(request, texts, position));
     };
+
+    /** The command of every item served: the request the accepted item came from is done, and is
+     *  stopped so that none of its later drafts, nor its answer, shows again. */
+    accepted(id: number): void {
+        if (this.inFlight?.id === id) {
+            this.cancel();
+        }
+    }
 
     /** The `llada/draft` handler: keeps a draft for the current version of the active editor's
      *  document and re-triggers the inline suggestion, which then shows the draft. Returns whether it
@@ -94,6 +127,13 @@ export class InlineCompletions {
         // Only where the cursor still is: elsewhere the trigger would ask for a new completion.
         const cursor = editor.selection.active;
         if (!editor.selection.isEmpty || cursor.line !== draft.range.start.line || cursor.character !== draft.range.start.character) {
+            return false;
+        }
+        // A draft that shows nothing changes nothing on screen, unless it ends a request whose drafts are
+        // shown. Triggering for it anyway would ask again once an empty answer has landed, and the new
+        // request's drafts would trigger again: the model would run forever at this position.
+        const onScreen = this.inFlight?.key.uri === draft.uri && this.inFlight.servedDraft;
+        if (shownText(draft) === '' && !(draft.final && onScreen)) {
             return false;
         }
         void vscode.commands.executeCommand(TRIGGER_INLINE_SUGGEST);
@@ -114,6 +154,9 @@ export class InlineCompletions {
         }
         this.inFlight = undefined;
         inFlight.source.cancel();
+        // Its drafts must not be served to a later request at the same position.
+        this.drafts.forget(inFlight.key.uri);
+        this.setShown(false);
     }
 
     /** Stops the request in flight unless the cursor of its document is still where it was sent. */
@@ -127,32 +170,60 @@ export class InlineCompletions {
     private send(key: Key, request: (token: vscode.CancellationToken) => ReturnType<ProvideInlineCompletions>): InFlight {
         const source = new vscode.CancellationTokenSource();
         const sentAt = this.now();
-        const inFlight: InFlight = { key, source, answer: Promise.resolve(undefined), settled: false, result: undefined };
+        const inFlight: InFlight = {
+            id: this.nextId++, key, source, answer: Promise.resolve(undefined), settled: false, result: undefined, servedDraft: false,
+        };
         this.events.started();
         inFlight.answer = new Promise<InlineResult>((resolve) => resolve(request(source.token))).then(
             (result) => {
-                const answered = !source.token.isCancellationRequested && hasItems(result);
-                this.settle(inFlight, answered ? result : undefined, answered ? this.now() - sentAt : undefined);
-                return answered ? result : undefined;
+                const texts = source.token.isCancellationRequested ? [] : textsAt(result, key);
+                const answered = texts.length > 0;
+                this.settle(inFlight, answered ? texts : undefined, answered ? this.now() - sentAt : undefined);
+                return inFlight.result;
             },
             () => {
                 this.settle(inFlight, undefined, undefined);
-                return undefined;
+                return inFlight.result;
             },
         );
         this.inFlight = inFlight;
         return inFlight;
     }
 
-    private settle(inFlight: InFlight, result: InlineResult, latencyMs: number | undefined): void {
+    private settle(inFlight: InFlight, result: string[] | undefined, latencyMs: number | undefined): void {
         inFlight.settled = true;
         inFlight.result = result;
         inFlight.source.dispose();
-        // An empty or failed answer is not kept, so the next call at this position asks again.
         if (result === undefined && this.inFlight === inFlight) {
-            this.inFlight = undefined;
+            if (inFlight.servedDraft) {
+                // Its drafts were shown: the empty answer is kept, so that the call the final draft
+                // triggered takes them off the screen instead of asking the model again.
+                inFlight.result = [];
+            } else {
+                // An empty or failed answer is not kept, so the next call at this position asks again.
+                this.inFlight = undefined;
+            }
         }
         this.events.settled(latencyMs);
+    }
+
+    /** Items that insert `texts` at `position` and, once accepted, end the request they came from. */
+    private items(inFlight: InFlight, texts: string[] | undefined, position: vscode.Position): vscode.InlineCompletionItem[] | undefined {
+        if (texts === undefined) {
+            return undefined;
+        }
+        if (texts.length > 0 && this.inFlight === inFlight) {
+            this.setShown(true);
+        }
+        const command: vscode.Command = { title: 'Accept LLaDA completion', command: ACCEPTED_COMMAND, arguments: [inFlight.id] };
+        return texts.map((text) => new vscode.InlineCompletionItem(text, new vscode.Range(position, position), command));
+    }
+
+    private setShown(shown: boolean): void {
+        if (this.shown !== shown) {
+            this.shown = shown;
+            void vscode.commands.executeCommand('setContext', SHOWN_CONTEXT, shown);
+        }
     }
 }
 
@@ -161,11 +232,20 @@ function sameKey(a: Key, b: Key): boolean {
         && a.character === b.character && a.selected === b.selected;
 }
 
-function hasItems(result: InlineResult): boolean {
+/** The texts of `result` that insert at the cursor of `key` and show something. The server sends the
+ *  empty range at the cursor; an item with another range would replace text that its ghost text does
+ *  not show, and is not served. An item without a range is served at the cursor, since VS Code would
+ *  replace the word at the cursor through the end of the line with it. A snippet inserts other text
+ *  than it shows; whitespace alone shows nothing. */
+export function textsAt(result: InlineResult, key: { line: number; character: number }): string[] {
     if (result === null || result === undefined) {
-        return false;
+        return [];
     }
-    return (Array.isArray(result) ? result : result.items).length > 0;
+    const atCursor = (p: vscode.Position) => p.line === key.line && p.character === key.character;
+    return (Array.isArray(result) ? result : result.items)
+        .filter((item) => item.range === undefined || (atCursor(item.range.start) && atCursor(item.range.end)))
+        .map((item) => item.insertText)
+        .filter((text): text is string => typeof text === 'string' && text.trim() !== '');
 }
 
 function untilCancelled<T>(answer: Promise<T>, token: vscode.CancellationToken): Promise<T | undefined> {

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { Draft, DraftStore } from '../src/drafts';
+import { Draft, DraftStore, shownText } from '../src/drafts';
 
 const URI = 'file:///work/a.py';
 
@@ -50,4 +50,13 @@ test('lookup finds a draft only at the position it inserts at', () => {
     assert.equal(store.lookup('file:///work/b.py', 3, { line: 2, character: 4 }), undefined);
     store.forget(URI);
     assert.equal(store.lookup(URI, 3, { line: 2, character: 4 }), undefined);
+});
+
+test('a draft shows its text up to its last visible character; the final one as it is', () => {
+    assert.equal(shownText(draft({ text: 'return x\n    ' })), 'return x');
+    assert.equal(shownText(draft({ text: '    return x ' })), '    return x');
+    assert.equal(shownText(draft({ text: ' \n\t' })), '');
+    assert.equal(shownText(draft({ text: '' })), '');
+    assert.equal(shownText(draft({ final: true, text: 'return x\n' })), 'return x\n');
+    assert.equal(shownText(draft({ final: true, text: '\n  ' })), '');
 });

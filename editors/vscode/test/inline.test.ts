@@ -1,9 +1,11 @@
 import './setup';
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { beforeEach, test } from 'node:test';
 import * as vscode from 'vscode';
 import { Draft } from '../src/drafts';
-import { InlineCompletions, ProvideInlineCompletions, TRIGGER_INLINE_SUGGEST } from '../src/inline';
+import { ACCEPTED_COMMAND, InlineCompletions, ProvideInlineCompletions, SHOWN_CONTEXT, TRIGGER_INLINE_SUGGEST } from '../src/inline';
 import * as mock from './vscode-mock';
 
 const URI = 'file:///work/a.py';
@@ -51,7 +53,15 @@ function texts(result: unknown): string[] {
     return items.map((item) => item.insertText as string);
 }
 
+function items(result: unknown): vscode.InlineCompletionItem[] {
+    return Array.isArray(result) ? result : (result as { items: vscode.InlineCompletionItem[] }).items;
+}
+
 const triggers = () => mock.recorded.commands.filter((c) => c.command === TRIGGER_INLINE_SUGGEST).length;
+const shownContext = () => mock.recorded.commands.filter((c) => c.command === 'setContext' && c.args[0] === SHOWN_CONTEXT).map((c) => c.args[1]);
+const call = () => new mock.CancellationTokenSource().token as vscode.CancellationToken;
+const atCursor = (item: vscode.InlineCompletionItem) =>
+    item.range !== undefined && item.range.isEmpty && item.range.start.line === cursor.line && item.range.start.character === cursor.character;
 
 beforeEach(() => mock.reset());
 
@@ -148,4 +158,130 @@ test('an empty answer is not kept: the next call asks again', async () => {
     assert.equal(await waiting, undefined);
     void inline.provide(document, cursor, context, new mock.CancellationTokenSource().token, next);
     assert.equal(sent.length, 2);
+});
+
+test('a draft is served at the cursor as the text it shows, without the whitespace still to be followed', async () => {
+    const { next } = server();
+    const { inline } = inlineCompletions();
+    void inline.provide(document, cursor, context, call(), next);
+    inline.receive(draft({ step: 2, text: 'return x\n    ' }), editor());
+    const [item] = items(await inline.provide(document, cursor, context, call(), next));
+    assert.equal(item.insertText, 'return x');
+    assert.ok(atCursor(item), 'the item inserts at the cursor and replaces nothing');
+});
+
+test('a draft of whitespace alone is not shown and does not re-trigger: Tab would insert a blank', async () => {
+    const { next, sent } = server();
+    const { inline } = inlineCompletions();
+    const first = new mock.CancellationTokenSource();
+    void inline.provide(document, cursor, context, first.token as vscode.CancellationToken, next);
+    assert.equal(inline.receive(draft({ step: 1, text: '    ' }), editor()), false);
+    assert.equal(inline.receive(draft({ step: 2, text: '\n' }), editor()), false);
+    assert.equal(triggers(), 0);
+    const waiting = inline.provide(document, cursor, context, call(), next);
+    sent[0].answer([new mock.InlineCompletionItem('return x') as vscode.InlineCompletionItem]);
+    assert.deepEqual(texts(await waiting), ['return x'], 'the call waits for the answer instead of serving the blank');
+});
+
+test('drafts of a completion that ends empty do not start the model again', async () => {
+    const { next, sent } = server();
+    const { inline } = inlineCompletions();
+    void inline.provide(document, cursor, context, call(), next);
+    assert.equal(inline.receive(draft({ step: 1, text: '' }), editor()), false);
+    assert.equal(inline.receive(draft({ step: 2, final: true, text: '' }), editor()), false);
+    sent[0].answer([]);
+    await new Promise(setImmediate);
+    assert.equal(triggers(), 0, 'a trigger here would ask again, and the new request would trigger again');
+    assert.equal(sent.length, 1);
+});
+
+test('an empty final draft takes the shown draft off the screen, and the empty answer is not asked again', async () => {
+    const { next, sent } = server();
+    const { inline } = inlineCompletions();
+    void inline.provide(document, cursor, context, call(), next);
+    inline.receive(draft({ step: 1, text: 'ret' }), editor());
+    assert.deepEqual(texts(await inline.provide(document, cursor, context, call(), next)), ['ret']);
+    assert.equal(inline.receive(draft({ step: 2, final: true, text: '' }), editor()), true);
+    const hiding = inline.provide(document, cursor, context, call(), next);
+    const pending = new Promise((resolve) => setImmediate(() => resolve('still waiting')));
+    assert.deepEqual(await Promise.race([hiding, pending]), [], 'an empty list at once, not a wait for the answer');
+    sent[0].answer(null);
+    await new Promise(setImmediate);
+    const again = inline.provide(document, cursor, context, call(), next);
+    assert.equal(sent.length, 1, 'the call the final draft triggered does not run the model again');
+    assert.deepEqual(await again, []);
+});
+
+test('accepting a draft cancels the rest of its request, so its answer never shows', async () => {
+    const { next, sent } = server();
+    const { inline } = inlineCompletions();
+    void inline.provide(document, cursor, context, call(), next);
+    inline.receive(draft({ step: 1, text: 'ret' }), editor());
+    const [item] = items(await inline.provide(document, cursor, context, call(), next));
+    assert.equal(item.command?.command, ACCEPTED_COMMAND);
+    inline.accepted(...(item.command?.arguments ?? []) as [number]);
+    assert.equal(sent[0].token.isCancellationRequested, true);
+    sent[0].answer([new mock.InlineCompletionItem('return x') as vscode.InlineCompletionItem]);
+    await new Promise(setImmediate);
+    const waiting = inline.provide(document, cursor, context, call(), next);
+    assert.equal(sent.length, 2, 'the next call asks anew instead of serving the answer of the accepted request');
+    sent[1].answer(null);
+    assert.equal(await waiting, undefined);
+});
+
+test('an accepted item of an older request leaves the newer request alone', async () => {
+    const { next, sent } = server();
+    const { inline } = inlineCompletions();
+    const first = inline.provide(document, cursor, context, call(), next);
+    sent[0].answer([new mock.InlineCompletionItem('return x') as vscode.InlineCompletionItem]);
+    const [item] = items(await first);
+    const after = new mock.Position(1, 12) as vscode.Position; // VS Code asks at the new cursor before it runs the command
+    void inline.provide(document, after, context, call(), next);
+    inline.accepted(...(item.command?.arguments ?? []) as [number]);
+    assert.equal(sent[1].token.isCancellationRequested, false);
+});
+
+test('answer items are served only where they insert what they show', async () => {
+    const { next, sent } = server();
+    const { inline } = inlineCompletions();
+    const waiting = inline.provide(document, cursor, context, call(), next);
+    const line = (from: number, to: number) => new mock.Range(new mock.Position(1, from), new mock.Position(1, to)) as vscode.Range;
+    sent[0].answer([
+        new mock.InlineCompletionItem('elsewhere', line(0, 0)),
+        new mock.InlineCompletionItem('replacing', line(0, 4)),
+        new mock.InlineCompletionItem('  \n'),
+        { insertText: { value: 'snippet($1)' } } as unknown as mock.InlineCompletionItem,
+        new mock.InlineCompletionItem('no range'),
+        new mock.InlineCompletionItem('return x', line(4, 4)),
+    ] as vscode.InlineCompletionItem[]);
+    const served = items(await waiting);
+    assert.deepEqual(served.map((item) => item.insertText), ['no range', 'return x']);
+    assert.ok(served.every(atCursor), 'an item without a range would replace the word at the cursor to the end of the line');
+});
+
+test('the context key says when an item of ours may be on screen', async () => {
+    const { next } = server();
+    const { inline } = inlineCompletions();
+    void inline.provide(document, cursor, context, call(), next);
+    assert.deepEqual(shownContext(), []);
+    inline.receive(draft({ step: 1, text: 'ret' }), editor());
+    await inline.provide(document, cursor, context, call(), next);
+    inline.receive(draft({ step: 2, text: 'return x' }), editor());
+    await inline.provide(document, cursor, context, call(), next);
+    assert.deepEqual(shownContext(), [true]);
+    inline.cancel(URI);
+    assert.deepEqual(shownContext(), [true, false]);
+});
+
+test('Tab accepts our ghost text even where it starts with indentation, where VS Code would indent', () => {
+    const manifest = JSON.parse(readFileSync(join(__dirname, '..', '..', '..', 'package.json'), 'utf8')) as {
+        contributes: { keybindings?: { key: string; command: string; when: string }[] };
+    };
+    const tab = manifest.contributes.keybindings?.find((k) => k.key === 'tab' && k.command === 'editor.action.inlineSuggest.commit');
+    assert.ok(tab, 'package.json binds Tab to accepting the inline suggestion');
+    const terms = tab.when.split('&&').map((term) => term.trim());
+    for (const term of ['inlineSuggestionVisible', SHOWN_CONTEXT, '!suggestWidgetVisible', '!editorTabMovesFocus']) {
+        assert.ok(terms.includes(term), `${term} in ${tab.when}`);
+    }
+    assert.ok(!terms.includes('inlineSuggestionHasIndentationLessThanTabSize'));
 });

@@ -77,7 +77,7 @@ export class CancellationTokenSource {
 }
 
 export class InlineCompletionItem {
-    constructor(readonly insertText: string, readonly range?: Range) {}
+    constructor(readonly insertText: string, readonly range?: Range, readonly command?: vscode.Command) {}
 }
 
 export class ThemeColor {
@@ -136,7 +136,7 @@ export interface Tab {
 /** What the code under test did, and how the scripted user answers. */
 export const recorded = {
     commands: [] as { command: string; args: unknown[] }[],
-    messages: [] as { message: string; items: string[] }[],
+    messages: [] as { message: string; items: string[]; severity: 'information' | 'warning' | 'error' }[],
     closedTabs: [] as Tab[],
     outputLines: [] as string[],
     contentProviders: new Map<string, { provideTextDocumentContent(uri: Uri): string | undefined }>(),
@@ -185,8 +185,16 @@ export const workspace = {
 
 export const window = {
     showInformationMessage(message: string, ...items: string[]): Promise<string | undefined> {
-        recorded.messages.push({ message, items });
+        recorded.messages.push({ message, items, severity: 'information' });
         return Promise.resolve(scripted.informationAnswer);
+    },
+    showWarningMessage(message: string, ...items: string[]): Promise<string | undefined> {
+        recorded.messages.push({ message, items, severity: 'warning' });
+        return Promise.resolve(undefined);
+    },
+    showErrorMessage(message: string, ...items: string[]): Promise<string | undefined> {
+        recorded.messages.push({ message, items, severity: 'error' });
+        return Promise.resolve(undefined);
     },
     tabGroups: {
         get all() {
