@@ -1,10 +1,41 @@
 """llada-lsp: a code-completion language server on LLaDA2.1 block-diffusion models.
 
 The stable API: `load_model`, `generate`, `Engine`; the server lives in `llada_lsp.server`.
+
+The face is lazy: `import llada_lsp` (and so `llada-lsp --help`, the headless client and the pure-text
+post-processing) imports no torch and no transformers; a name is imported on first use.
 """
 
-from .engine import Engine, GenerationResult, JointThreshold, PRESETS, generate
-from .model import CheckpointError, load_model, load_tokenizer
+from __future__ import annotations
 
-__all__ = ["Engine", "GenerationResult", "JointThreshold", "PRESETS", "generate", "CheckpointError", "load_model", "load_tokenizer"]
-__version__ = "0.1.0"
+from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("llada-lsp")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
+
+_LAZY = {
+    "Engine": ".engine", "GenerationResult": ".engine", "JointThreshold": ".engine", "PRESETS": ".engine",
+    "generate": ".engine", "load_model": ".model", "load_tokenizer": ".model", "CheckpointError": ".errors",
+}  # fmt: skip
+__all__ = [*_LAZY, "__version__"]
+
+if TYPE_CHECKING:  # what type checkers and IDEs see
+    from .engine import PRESETS, Engine, GenerationResult, JointThreshold, generate
+    from .errors import CheckpointError
+    from .model import load_model, load_tokenizer
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_LAZY[name], __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -5,6 +5,7 @@ Only dispatches: each subcommand's module owns its own arguments and `--help`.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 
@@ -15,11 +16,12 @@ SUBCOMMANDS = {
     "rewrite": ("llada_lsp.server.headless", "rewrite_main", "rewrite FILE:L1:C1-L2:C2 through the server"),
     "train": ("llada_lsp.training.train", "main", "train the embedded model (CPU, resumable)"),
     "eval-infill": ("llada_lsp.training.eval_infill", "main", "score infill on held-out standard-library files"),
+    "eval-rewrite": ("llada_lsp.training.eval_rewrite", "main", "rewrite held-out selections: parsed, applied, refused"),
 }
 
 
 def usage() -> str:
-    lines = ["usage: llada-lsp [serve options] | llada-lsp SUBCOMMAND [options]", "",
+    lines = ["usage: llada-lsp [serve options] | llada-lsp SUBCOMMAND [options] | llada-lsp --version", "",
              "With no subcommand, serves the Language Server Protocol on stdio (see `llada-lsp serve --help`).", "",
              "subcommands:", "  serve        the language server (the default)"]
     lines += [f"  {name:<12} {doc}" for name, (_, _, doc) in SUBCOMMANDS.items()]
@@ -31,6 +33,16 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(usage())
         return 0
+    if argv and argv[0] in ("-V", "--version"):
+        from . import __version__
+
+        print(f"llada-lsp {__version__}")
+        return 0
+    if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS and argv[0] != "serve":
+        close = difflib.get_close_matches(argv[0], [*SUBCOMMANDS, "serve"], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        print(f"llada-lsp: unknown subcommand {argv[0]!r}{hint} (see llada-lsp --help)", file=sys.stderr)
+        return 2
     if argv and argv[0] in SUBCOMMANDS:
         module, func, _ = SUBCOMMANDS[argv[0]]
         return getattr(importlib.import_module(module), func)(argv[1:]) or 0

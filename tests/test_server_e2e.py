@@ -233,13 +233,19 @@ async def test_inline_on_an_empty_line_is_a_block(editor: Editor):
 
 
 async def test_completion_fallback_inserts_with_a_text_edit(editor: Editor):
-    uri = editor.open()
-    params = t.CompletionParams(text_document=t.TextDocumentIdentifier(uri), position=MID_LINE)
+    """Clients without inline completions (eglot, lsp-mode, ALE) filter items by the word typed and
+    insert the edit's range whole: mid-word, the item replaces `val` with `values:`, not `ues:` at
+    the cursor (which eglot drops and lsp-mode inserts after deleting `val`)."""
+    uri = editor.open("def total(values):\n    for v in val\n")
+    cursor = t.Position(1, 16)
+    params = t.CompletionParams(text_document=t.TextDocumentIdentifier(uri), position=cursor)
     result = await editor.request(t.TEXT_DOCUMENT_COMPLETION, params)
-    assert isinstance(result, t.CompletionList) and len(result.items) <= 1
-    for item in result.items:
-        assert item.text_edit.range == t.Range(MID_LINE, MID_LINE) and item.text_edit.new_text
-        assert "\n" not in item.text_edit.new_text
+    assert isinstance(result, t.CompletionList) and len(result.items) == 1
+    (item,) = result.items
+    assert item.text_edit.range == t.Range(t.Position(1, 13), cursor)
+    assert item.text_edit.new_text.startswith("val") and len(item.text_edit.new_text) > 3
+    assert "\n" not in item.text_edit.new_text
+    assert item.label.startswith("val") and item.filter_text.startswith("val")
 
 
 @pytest.fixture(scope="module")
@@ -327,20 +333,39 @@ async def test_cancel_request_stops_the_engine_within_a_step(slow_editor: Editor
     assert isinstance(await editor.inline(editor.open(), MID_LINE), t.InlineCompletionList)
 
 
+PARSES = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\nprint(add(1, 2))\n"
+
+
 async def test_rewrite_is_applied_with_the_document_version(editor: Editor):
-    uri = editor.open()
-    editor.change(uri, 2, (5, 4), (5, 4), "return a - b")
-    selection = t.Range(t.Position(4, 0), t.Position(5, 16))
-    argument = {"textDocument": {"uri": uri, "version": 2}, "range": span(4, 0, 5, 16)}
+    uri = editor.open(PARSES.replace("a - b", ""))
+    editor.change(uri, 2, (5, 11), (5, 11), "a - b")
+    selection = t.Range(t.Position(5, 0), t.Position(6, 0))
+    argument = {"textDocument": {"uri": uri, "version": 2}, "range": span(5, 0, 6, 0)}
     editor.client.progress_reports["rewrite-1"] = []
     result = await editor.command("llada.rewriteSelection", argument, token="rewrite-1")
-    assert result["applied"] is True and "reason" not in result
-    (edit,) = editor.edits
+    # What the embedded model does here (deterministic on the CPU): it changes the operator.
+    assert result == {"applied": True, "changed": True, "text": "    return a + b\n"}
+    (edit,) = editor.edits[-1:]
     (change,) = edit.edit.document_changes
     assert (change.text_document.uri, change.text_document.version) == (uri, 2)
     assert change.edits[0].range == selection and change.edits[0].new_text == result["text"]
     kinds = [r.kind for r in editor.client.progress_reports["rewrite-1"]]
     assert kinds[0] == "begin" and kinds[-1] == "end" and "report" in kinds
+
+
+async def test_a_rewrite_that_would_break_the_file_is_not_sent(editor: Editor):
+    """The embedded model's proposal for these lines drops a bracket: refused with the reason, and no
+    workspace/applyEdit is sent. An instruction, which this model cannot read, is refused at once."""
+    uri = editor.open(PARSES)
+    before = len(editor.edits)
+    argument = {"textDocument": {"uri": uri, "version": 1}, "range": span(5, 0, 8, 0)}
+    result = await editor.command("llada.rewriteSelection", argument)
+    assert result["applied"] is False and result["changed"] is True
+    assert "unparsable" in result["reason"] and result["text"] != "    return a - b\n\nprint(add(1, 2))\n"
+    assert len(editor.edits) == before
+    argument = {**argument, "instruction": "use subtraction"}
+    error = await outcome(editor.command("llada.rewriteSelection", argument))
+    assert error_code(error) == -32803 and "cannot follow an instruction" in error.message
 
 
 async def test_rewrite_of_a_stale_version_is_refused(editor: Editor):

@@ -26,17 +26,40 @@ def test_complete_prints_the_completion_of_the_line():
     done = llada("complete", "examples/hello.py:12:15", "--max-tokens", "32", "--drafts")
     assert done.returncode == 0, done.stderr
     assert done.stdout.endswith("\n") and done.stdout.count("\n") == 1, "one line: the rest of line 12"
+    assert done.stdout.strip(), "the embedded model completes `return sum` here"
     assert "[draft step 1]" in done.stderr and "final]" in done.stderr
 
 
-def test_rewrite_applies_the_edit_through_the_server(tmp_path: Path):
-    file = tmp_path / "hello.py"
-    shutil.copy(ROOT / "examples" / "hello.py", file)
-    before = file.read_text().splitlines(keepends=True)
-    done = llada("rewrite", f"{file}:4:1-5:29", "--write")
+def test_an_indented_empty_line_completes_at_the_indentation_typed(tmp_path: Path):
+    """The embedded model proposes ` pass` here (a space too many after the 4 typed): accepting that
+    would indent by 5. The completion starts at the indentation already typed."""
+    file = tmp_path / "imports.py"
+    file.write_text("try:\n    import uvloop\nexcept ImportError:\n    \n")
+    done = llada("complete", f"{file}:4:5")
     assert done.returncode == 0, done.stderr
-    # lines 4-5 (the whole of greet(), up to the end of its return line) became the printed text
-    assert file.read_text() == "".join(before[:3]) + done.stdout + "".join(before[5:])
+    assert done.stdout == "pass\n"
+
+
+SOURCE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\nprint(add(1, 2))\n"
+
+
+def test_rewrite_applies_the_edit_through_the_server(tmp_path: Path):
+    file = tmp_path / "calc.py"
+    file.write_text(SOURCE)
+    done = llada("rewrite", f"{file}:6:1-7:1", "--write")
+    assert done.returncode == 0, done.stderr
+    # What the embedded model does with line 6 (deterministic on the CPU): it changes the operator.
+    assert done.stdout == "    return a + b\n\n"
+    assert file.read_text() == SOURCE.replace("a - b", "a + b")
+
+
+def test_a_rewrite_that_would_break_the_file_is_not_written(tmp_path: Path):
+    file = tmp_path / "calc.py"
+    file.write_text(SOURCE)
+    done = llada("rewrite", f"{file}:6:1-9:1", "--write")
+    assert done.returncode == 1 and done.stdout == ""
+    assert "not applied: the rewrite would leave the file unparsable" in done.stderr
+    assert file.read_text() == SOURCE
 
 
 def test_a_missing_model_fails_with_the_reason():

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from ..engine import Engine
+from ..engine import PRESETS, Engine
 from ..model import LLaDA2, LLaDA2Config
 
 # About 50M parameters: 8 layers, hidden 512, 12 experts of 256 (top 2) plus a shared one.
@@ -51,10 +51,10 @@ def run(engine: Engine, prompt: list[int], gen_length: int, mode: str):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompt-lengths", default="256,1024,2048", help="comma-separated prompt lengths")
-    ap.add_argument("--gen-length", type=int, default=64)
-    ap.add_argument("--mode", default="speed")
+    ap.add_argument("--gen-length", type=int, default=64, help="tokens generated per run (default: 64)")
+    ap.add_argument("--mode", default="speed", choices=list(PRESETS), help="decoding preset (default: speed)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random checkpoint and prompts (default: 0)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

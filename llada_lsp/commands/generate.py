@@ -29,9 +29,10 @@ def generate_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=[m for m in PRESETS], default="speed", help="threshold preset (default speed)")
     ap.add_argument("--threshold", type=float, help="mask-to-token threshold (overrides the mode)")
     ap.add_argument("--editing-threshold", type=float, help="token-to-token threshold (overrides the mode)")
-    ap.add_argument("--gen-length", type=int, default=64)
-    ap.add_argument("--block-length", type=int, default=32)
-    ap.add_argument("--max-post-steps", type=int, default=16)
+    ap.add_argument("--gen-length", type=int, default=64, help="tokens to generate (default: 64)")
+    ap.add_argument("--block-length", type=int, default=32, help="tokens per diffusion block (default: 32, as trained)")
+    ap.add_argument("--max-post-steps", type=int, default=16,
+                    help="editing steps allowed after a block has no masks left (default: 16)")  # fmt: skip
     ap.add_argument("--eos-early-stop", action="store_true", help="stop after the block that holds EOS")
     ap.add_argument("--mask-id", type=int, help="default: from the checkpoint")
     ap.add_argument("--eos-id", type=int, help="default: from the checkpoint")

@@ -15,6 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoConfig
 
+from ..errors import CheckpointError
 from .config import LLaDA2Config
 from .llada2 import LLaDA2, compute_dtype
 
@@ -31,10 +32,6 @@ STACKED_NAME = {"gate_proj": "w_gate", "up_proj": "w_up", "down_proj": "w_down"}
 
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "data" / "tiny"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded; the message names the file, key or tensor."""
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:

@@ -20,6 +20,7 @@ class Document:
     uri: str
     version: int
     text: str
+    language: str = ""  # the client's languageId
     _starts: list[int] | None = field(default=None, repr=False)
 
     @property
@@ -80,8 +81,8 @@ class Documents:
     def __init__(self):
         self._docs: dict[str, Document] = {}
 
-    def open(self, uri: str, version: int, text: str) -> Document:
-        self._docs[uri] = Document(uri, version, text)
+    def open(self, uri: str, version: int, text: str, language: str = "") -> Document:
+        self._docs[uri] = Document(uri, version, text, language)
         return self._docs[uri]
 
     def get(self, uri: str) -> Document | None:

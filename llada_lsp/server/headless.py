@@ -27,9 +27,9 @@ SPAN = re.compile(r"^(?P<file>.+):(?P<l1>\d+):(?P<c1>\d+)-(?P<l2>\d+):(?P<c2>\d+
 class Session:
     """One server process, one open document, as an editor holds them."""
 
-    def __init__(self, path: Path, args: argparse.Namespace, options: dict[str, Any]):
+    def __init__(self, doc: Document, path: Path, args: argparse.Namespace, options: dict[str, Any]):
         self.path, self.args, self.options = path, args, options
-        self.doc = Document(path.resolve().as_uri(), 1, path.read_text(encoding="utf-8"))
+        self.doc = doc
         self.client = LanguageClient("llada-lsp-headless", "1")
         self.messages: list[str] = []
         self.drafts: list[dict] = []
@@ -102,11 +102,41 @@ def _common(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return ap
 
 
-def _match(ap: argparse.ArgumentParser, pattern: re.Pattern, value: str, form: str) -> re.Match:
+class InputError(ValueError):
+    """Bad input on the command line: one line for the user, exit code 2."""
+
+
+def _open(value: str, pattern: re.Pattern, form: str) -> tuple[Document, Path, re.Match]:
+    """The document named by FILE:... and the match; InputError for a malformed spot or a file that is
+    missing, unreadable or not UTF-8 text."""
     m = pattern.match(value)
-    if not m or not Path(m["file"]).is_file():
-        ap.error(f"expected {form} with an existing file, got {value!r}")
-    return m
+    if not m:
+        raise InputError(f"expected {form} (1-based line and column), got {value!r}")
+    path = Path(m["file"])
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        text = path.read_bytes().decode("utf-8")  # as it is: CRLF files stay CRLF
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}: not UTF-8 text (byte {err.start} cannot be decoded)") from None
+    except OSError as err:
+        raise InputError(f"{path}: {err.strerror or err}") from None
+    if "\0" in text:
+        raise InputError(f"{path}: a binary file (it contains NUL bytes)")
+    return Document(path.resolve().as_uri(), 1, text), path, m
+
+
+def _check(doc: Document, path: Path, line: int, col: int) -> None:
+    """A 1-based line and column (in characters) inside the document, or InputError in those terms."""
+    lines = len(doc.line_starts)
+    if line < 1 or col < 1:
+        raise InputError(f"{path}:{line}:{col}: lines and columns count from 1")
+    if line > lines:
+        raise InputError(f"{path}:{line}:{col}: line {line} is past the end (the file has {lines} lines)")
+    length = len(doc.line(line - 1))
+    if col > length + 1:
+        raise InputError(f"{path}:{line}:{col}: column {col} is past the end of line {line} "
+                         f"({length} characters: the last column is {length + 1})")  # fmt: skip
 
 
 def _fail(session: Session | None, message: str) -> int:
@@ -126,13 +156,18 @@ def complete_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, help="maxCompletionTokens (the server's default: 64)")
     ap.add_argument("--drafts", action="store_true", help="also print each live draft on stderr as it arrives")
     args = ap.parse_args(argv)
-    m = _match(ap, SPOT, args.spot, "FILE:LINE:COL")
+    try:
+        doc, path, m = _open(args.spot, SPOT, "FILE:LINE:COL")
+        line, col = int(m["line"]), int(m["col"])
+        _check(doc, path, line, col)
+    except InputError as err:
+        return _usage_error("complete", err)
     options = _options(args, inlineMode=args.mode, maxCompletionTokens=args.max_tokens)
-    return asyncio.run(_complete(Path(m["file"]), int(m["line"]), int(m["col"]), args, options))
+    return _run(_complete(doc, path, line, col, args, options))
 
 
-async def _complete(path: Path, line: int, col: int, args, options) -> int:
-    async with Session(path, args, options) as session:
+async def _complete(doc: Document, path: Path, line: int, col: int, args, options) -> int:
+    async with Session(doc, path, args, options) as session:
         params = types.InlineCompletionParams(
             text_document=types.TextDocumentIdentifier(session.doc.uri), position=session.position(line, col),
             context=types.InlineCompletionContext(types.InlineCompletionTriggerKind.Invoked),
@@ -153,17 +188,25 @@ def rewrite_main(argv: list[str] | None = None) -> int:
         "llada.rewriteSelection through a llada-lsp server started over stdio, and print the new text.",
     ))  # fmt: skip
     ap.add_argument("span", metavar="FILE:L1:C1-L2:C2")
-    ap.add_argument("--instruction", help="what to change (followed by chat-template models; FIM models ignore it)")
+    ap.add_argument("--instruction", help="what to change; used by chat-template models (LLaDA2.1), refused "
+                    "with a message by fill-in-the-middle models such as the embedded one")  # fmt: skip
     ap.add_argument("--write", action="store_true", help="also write the rewritten file back")
     args = ap.parse_args(argv)
-    m = _match(ap, SPAN, args.span, "FILE:L1:C1-L2:C2")
+    try:
+        doc, path, m = _open(args.span, SPAN, "FILE:L1:C1-L2:C2")
+        span = (int(m["l1"]), int(m["c1"]), int(m["l2"]), int(m["c2"]))
+        _check(doc, path, *span[:2])
+        _check(doc, path, *span[2:])
+        if span[2:] < span[:2]:
+            raise InputError(f"{args.span}: the range ends ({span[2]}:{span[3]}) before it starts ({span[0]}:{span[1]})")
+    except InputError as err:
+        return _usage_error("rewrite", err)
     options = _options(args, rewriteMode=args.mode)
-    span = (int(m["l1"]), int(m["c1"]), int(m["l2"]), int(m["c2"]))
-    return asyncio.run(_rewrite(Path(m["file"]), span, args, options))
+    return _run(_rewrite(doc, path, span, args, options))
 
 
-async def _rewrite(path: Path, span: tuple[int, int, int, int], args, options) -> int:
-    async with Session(path, args, options) as session:
+async def _rewrite(doc: Document, path: Path, span: tuple[int, int, int, int], args, options) -> int:
+    async with Session(doc, path, args, options) as session:
         l1, c1, l2, c2 = span
         argument = {
             "textDocument": {"uri": session.doc.uri, "version": session.doc.version},
@@ -176,12 +219,32 @@ async def _rewrite(path: Path, span: tuple[int, int, int, int], args, options) -
             result = await session.client.workspace_execute_command_async(params)
         except JsonRpcException as err:
             return _fail(session, err.message)
+    if result.get("changed") is False:  # kept as it was: the selection is the answer, nothing to write
+        print(f"llada-lsp rewrite: {result.get('reason')}", file=sys.stderr)
+        print(result["text"])
+        return 0
     if not result.get("applied"):
+        if result.get("text"):
+            print(f"llada-lsp rewrite: the model proposed (not applied):\n{result['text']}", file=sys.stderr)
         return _fail(session, f"not applied: {result.get('reason')}")
     if args.write:
-        path.write_text(session.doc.text, encoding="utf-8")
+        path.write_bytes(session.doc.text.encode("utf-8"))
     print(result["text"])
     return 0
+
+
+def _usage_error(command: str, err: InputError) -> int:
+    print(f"llada-lsp {command}: {err}", file=sys.stderr)
+    return 2
+
+
+def _run(coroutine) -> int:
+    """Runs a session; Ctrl-C ends it with the shell's usual code and no traceback."""
+    try:
+        return asyncio.run(coroutine)
+    except KeyboardInterrupt:
+        print("llada-lsp: interrupted", file=sys.stderr)
+        return 130
 
 
 def _options(args, **settings) -> dict[str, Any]:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
-from ..engine import Engine
-from ..model import CheckpointError, load_model, load_tokenizer
-from .postprocess import Cursor, finish, strip_special, unfence
+from ..errors import CheckpointError
+from .postprocess import Cursor, bound_rewrite, finish, strip_special, unfence
 from .prompt import CHARS_PER_TOKEN, Healed, TextCodec, heal, infill_prompt, rewrite_prompt
+from .syntax import check_rewrite
+
+if TYPE_CHECKING:  # torch is imported on the model thread, when a model loads, not with the server
+    from ..engine import Engine
 
 MIN_PROMPT = 32  # positions always left to the prompt when a completion length is clamped to the model
 
@@ -27,6 +30,7 @@ class ModelSpec:
     path: str | None  # None: the embedded model
     device: str | None = None
     dtype: str | None = None
+    threads: int | None = None  # torch's CPU threads (None: torch's default)
 
     @property
     def name(self) -> str:
@@ -61,6 +65,7 @@ class Rewrite:
     mode: str
     context_tokens: int
     instruction: str | None = None
+    python: bool = False  # parse-checked with ast; other languages are held to their brackets and quotes
 
 
 @dataclass(frozen=True)
@@ -68,12 +73,26 @@ class Outcome:
     text: str
     steps: int
     seconds: float
-    stopped: str  # "done" | "unit" (the unit at the cursor was complete and stable) | "cancelled"
+    # "done" | "unit" (the unit at the cursor was complete and stable) | "cancelled"; rewrites also
+    # "unchanged" (the model kept the selection) and "refused" (it would break the code: see `reason`)
+    stopped: str
+    reason: str = ""
+
+
+class InstructionUnsupported(ValueError):
+    """A rewrite instruction given to a model that cannot follow one (a fill-in-the-middle model)."""
 
 
 def load(spec: ModelSpec, report: Callable[[str, int], None]) -> LoadedModel:
     """Raises CheckpointError with a one-line message when the model cannot be used."""
     report(f"reading {spec.name}", 10)
+    import torch
+
+    from ..engine import Engine
+    from ..model import load_model, load_tokenizer
+
+    if spec.threads:  # threads that outnumber the free cores spin against each other: a step can take 50x longer
+        torch.set_num_threads(spec.threads)
     model = load_model(spec.path, device=spec.device, dtype=spec.dtype)
     report("reading the tokenizer", 70)
     tokenizer = load_tokenizer(spec.path)
@@ -148,8 +167,14 @@ def run_infill(model: LoadedModel, job: Infill, cancel: Flag, emit: Callable[[in
 
 def run_rewrite(model: LoadedModel, job: Rewrite, cancel: Flag, emit: Callable[[int, str], None]) -> Outcome:
     """Revises the selection in place: it is the initial draft of the generated blocks (token
-    editing changes it, an end-of-text shrinks it, masks after it give room to grow)."""
+    editing changes it, an end-of-text shrinks it, a few masks after it give it a little room to
+    grow). A result that would turn code that parsed into code that does not is refused."""
     codec = model.codec
+    if job.instruction and codec.special.has_fim:
+        raise InstructionUnsupported(
+            f"{model.spec.name} is a fill-in-the-middle model and cannot follow an instruction; rewrite "
+            "without one, or load a chat model (LLaDA2.1) to use instructions"
+        )  # fmt: skip
     selection = job.text[job.start : job.end]
     before, after = _window(job.text, job.start, job.end, job.context_tokens * CHARS_PER_TOKEN)
     prompt = rewrite_prompt(before, selection, after, codec, model.max_positions, job.context_tokens, job.instruction)
@@ -161,13 +186,21 @@ def run_rewrite(model: LoadedModel, job: Rewrite, cancel: Flag, emit: Callable[[
     for draft in gen:
         emit(draft.step, "")
     result = gen.result
+    seconds = time.perf_counter() - started
     if result.cancelled:
-        return Outcome("", result.steps, time.perf_counter() - started, "cancelled")
+        return Outcome("", result.steps, seconds, "cancelled")
     raw, _ = codec.text_of([t for t in result.tokens if t != codec.special.mask])
     raw = strip_special(raw)
     if prompt.prompt.layout == "chat":
         raw, _ = unfence(raw, True)
-    return Outcome(_keep_line_ends(raw, selection), result.steps, time.perf_counter() - started, "done")
+    line_start = job.text[job.text.rfind("\n", 0, job.start) + 1 : job.start]
+    text = _keep_line_ends(bound_rewrite(raw, selection, line_start), selection)
+    if text == selection:
+        return Outcome(text, result.steps, seconds, "unchanged", "the model proposed no change")
+    reason = check_rewrite(job.text, job.start, job.end, text, job.python)
+    if reason is not None:
+        return Outcome(text, result.steps, seconds, "refused", reason)
+    return Outcome(text, result.steps, seconds, "done")
 
 
 def _keep_line_ends(text: str, selection: str) -> str:

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import cattrs
-import torch
 from lsprotocol import types
 from pygls.exceptions import FeatureRequestError, JsonRpcException, JsonRpcInvalidParams
 from pygls.io_ import StdoutWriter, run_async
@@ -27,10 +26,11 @@ from pygls.protocol import LanguageServerProtocol, default_converter, lsp_method
 
 from .. import __version__
 from .documents import Document, Documents
-from .jobs import Infill, ModelSpec, Outcome, Rewrite, run_infill, run_rewrite
+from .jobs import Infill, InstructionUnsupported, ModelSpec, Outcome, Rewrite, run_infill, run_rewrite
 from .positions import UTF8, UTF16
 from .prompt import SelectionTooLong
 from .settings import MODES, Settings, parse_settings, settings_section
+from .syntax import is_python
 from .worker import ModelUnavailable, ModelWorker, Ticket
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class Launch:
     defaults: Settings = Settings()
     device: str | None = None
     dtype: str | None = None
+    threads: int | None = None
     step_delay: float = 0.0  # test hook, see ModelWorker
 
 
@@ -91,6 +92,16 @@ class LladaProtocol(LanguageServerProtocol):
         else:
             super().handle_message(message)
 
+    def _send_handler_result(self, future, *, msg_id):
+        """A request answered with an error the server chose (unknown command, no model, bad params)
+        is logged as one line; pygls would print a traceback for each, as for a crash."""
+        error = None if future.cancelled() else future.exception()
+        if not isinstance(error, JsonRpcException):
+            return super()._send_handler_result(future, msg_id=msg_id)
+        self._request_futures.pop(msg_id, None)
+        logger.info("request %s answered with error %s: %s", msg_id, error.code, error.message)
+        self._send_response(msg_id, error=error.to_response_error())
+
     @lsp_method(types.INITIALIZE)
     def lsp_initialize(self, params: types.InitializeParams):
         offered = params.capabilities.general and params.capabilities.general.position_encodings
@@ -100,8 +111,15 @@ class LladaProtocol(LanguageServerProtocol):
 
     @lsp_method(types.EXIT)
     def lsp_exit(self, *args):
-        if not isinstance(self.writer, asyncio.StreamWriter):  # stdio: pygls closes stdout and exits
-            return (yield from super().lsp_exit(*args))
+        if not isinstance(self.writer, asyncio.StreamWriter):
+            # stdio: at once. Clients give a server ~0.1 s before they kill it; an orderly interpreter
+            # exit with torch loaded and a model thread mid-step takes over a second. Nothing is left
+            # to save: every answer has been written and flushed.
+            if (handler := self.fm.features.get(types.EXIT)) is not None:
+                yield handler, args, None
+            logging.shutdown()
+            sys.stderr.flush()
+            os._exit(0 if self._shutdown else 1)
         # TCP: pygls would raise SystemExit inside asyncio's connection callback; closing the connection
         # ends its read loop instead, and start_tcp returns.
         if (handler := self.fm.features.get(types.EXIT)) is not None:
@@ -111,7 +129,7 @@ class LladaProtocol(LanguageServerProtocol):
     @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
     def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams):
         doc = params.text_document
-        self._server.documents.open(doc.uri, doc.version, doc.text)
+        self._server.documents.open(doc.uri, doc.version, doc.text, doc.language_id)
 
     @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
     def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams):
@@ -148,11 +166,13 @@ class _PipeReader:
 
 
 def _is_pipe(stream) -> bool:
+    """A pipe, a socket or a terminal: streams the event loop can read. A terminal too, so that the
+    server started by hand stops on Ctrl-C at once (pygls' reader thread would sit in read())."""
     try:
         mode = os.fstat(stream.fileno()).st_mode
     except (AttributeError, OSError, ValueError):  # no file descriptor (an in-memory stream)
         return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
 
 
 def _run_loop(coroutine) -> None:
@@ -204,7 +224,9 @@ class LladaServer(LanguageServer):
             _run_loop(serve())
         except BrokenPipeError:
             logger.error("the client closed the connection")
-        except (KeyboardInterrupt, SystemExit):
+        except KeyboardInterrupt:
+            print("llada-lsp: interrupted", file=sys.stderr)
+        except SystemExit:
             pass
         finally:
             self.shutdown()
@@ -245,7 +267,7 @@ class LladaServer(LanguageServer):
     def start_load(self) -> Ticket:
         if self.worker is None:
             self.worker = ModelWorker(asyncio.get_running_loop(), self.log, self.launch.step_delay)
-        spec = ModelSpec(self.settings.model, self.launch.device, self.launch.dtype)
+        spec = ModelSpec(self.settings.model, self.launch.device, self.launch.dtype, self.launch.threads)
         self._load_ticket = ticket = self.worker.load(spec, self._on_load_report)
         loop = asyncio.get_running_loop()
         ticket.future.add_done_callback(lambda f: loop.call_soon_threadsafe(self._on_loaded, f, spec))
@@ -365,7 +387,7 @@ class LladaServer(LanguageServer):
             raise
         except ModelUnavailable as err:
             raise JsonRpcException(f"llada: no model: {err}", code=REQUEST_FAILED) from None
-        except SelectionTooLong as err:
+        except (SelectionTooLong, InstructionUnsupported) as err:
             raise JsonRpcException(f"llada: {err}", code=REQUEST_FAILED) from None
 
     async def apply_rewrite(self, arg: "RewriteArgument", target: types.Range, text: str) -> dict[str, Any]:
@@ -379,8 +401,9 @@ class LladaServer(LanguageServer):
         edit = types.ApplyWorkspaceEditParams(types.WorkspaceEdit(document_changes=[change]), label="llada: rewrite")
         answer = await self.workspace_apply_edit_async(edit)
         if answer.applied:
-            return {"applied": True, "text": text}
-        return {"applied": False, "text": text, "reason": answer.failure_reason or "the client did not apply the edit"}
+            return {"applied": True, "changed": True, "text": text}
+        reason = answer.failure_reason or "the client did not apply the edit"
+        return {"applied": False, "changed": True, "text": text, "reason": reason}
 
     def not_applied(self, arg: "RewriteArgument", text: str = "") -> dict[str, Any]:
         doc = self.documents.get(arg.uri)
@@ -426,12 +449,25 @@ async def completion(ls: LladaServer, params: types.CompletionParams) -> types.C
     text = await ls.complete(doc, offset, at, "completion")
     if not text:
         return types.CompletionList(is_incomplete=True, items=[])
+    # The item replaces the word typed so far with that word completed (`val|` -> `values(values):`):
+    # clients filter items by the text from the word's start, and insert the edit's range whole.
+    word = _word_before(doc.text, offset)
+    start = types.Position(*doc.position(offset - len(word), ls.encoding))
+    label = (word + text).strip().splitlines()[0]
     item = types.CompletionItem(
-        label=text.strip().splitlines()[0], kind=types.CompletionItemKind.Text, detail="llada",
-        text_edit=types.TextEdit(types.Range(at, at), text), insert_text_format=types.InsertTextFormat.PlainText,
-        sort_text="0",
+        label=label, filter_text=word + text.split("\n", 1)[0], kind=types.CompletionItemKind.Text, detail="llada",
+        text_edit=types.TextEdit(types.Range(start, at), word + text),
+        insert_text_format=types.InsertTextFormat.PlainText, sort_text="0",
     )  # fmt: skip
     return types.CompletionList(is_incomplete=True, items=[item])
+
+
+def _word_before(text: str, offset: int) -> str:
+    """The identifier characters right before `offset` on its line."""
+    start = offset
+    while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
+        start -= 1
+    return text[start:offset]
 
 
 @dataclass(frozen=True)
@@ -467,10 +503,14 @@ async def rewrite_selection(ls: LladaServer, params: types.ExecuteCommandParams)
     if doc is None or doc.version != arg.version:
         return ls.not_applied(arg)
     start, end, target = ls.span(doc, arg.range)
-    job = Rewrite(doc.text, start, end, ls.settings.rewrite_mode, ls.settings.context_tokens, arg.instruction)
+    job = Rewrite(doc.text, start, end, ls.settings.rewrite_mode, ls.settings.context_tokens, arg.instruction,
+                  is_python(doc.language, doc.uri))  # fmt: skip
     with WorkDone(ls, params.work_done_token, "llada: rewriting the selection") as progress:
         outcome = await ls.run_job(f"rewrite:{arg.uri}", f"rewrite {ls.protocol.msg_id}",
                                    lambda m, t: run_rewrite(m, job, t, t.emit), progress.step)  # fmt: skip
+    if outcome.stopped in ("unchanged", "refused"):  # nothing to apply: the client is told why
+        ls.log(f"rewrite of {arg.uri} not applied: {outcome.reason}", types.MessageType.Info)
+        return {"applied": False, "changed": outcome.stopped != "unchanged", "text": outcome.text, "reason": outcome.reason}
     return await ls.apply_rewrite(arg, target, outcome.text)
 
 
@@ -499,14 +539,15 @@ def status(ls: LladaServer, params: types.ExecuteCommandParams) -> dict[str, Any
 
 
 def shutdown(ls: LladaServer, params: None) -> None:
+    """Answers at once: a step in flight is cancelled, not waited for."""
     ls.shutdown_requested = True
     if ls.worker is not None:
-        ls.worker.stop()
+        ls.worker.stop(timeout=0)
 
 
 def exit_(ls: LladaServer, params: None) -> None:
     if ls.worker is not None:
-        ls.worker.stop()
+        ls.worker.stop(timeout=0)
 
 
 def create_server(launch: Launch) -> LladaServer:
@@ -515,7 +556,9 @@ def create_server(launch: Launch) -> LladaServer:
     ls.feature(types.INITIALIZED)(initialized)
     ls.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)(did_change_configuration)
     ls.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())(inline_completion)
-    ls.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions())(completion)
+    # Non-empty options: Vim's ALE reads an empty object as "no completion support".
+    options = types.CompletionOptions(trigger_characters=["."], resolve_provider=False)
+    ls.feature(types.TEXT_DOCUMENT_COMPLETION, options)(completion)
     ls.feature(types.SHUTDOWN)(shutdown)
     ls.feature(types.EXIT)(exit_)
     ls.command(REWRITE)(rewrite_selection)
@@ -551,11 +594,9 @@ def serve_main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     log_format = "llada-lsp %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format=log_format)
-    # Threads that outnumber the free cores spin against each other: a step can take 50x longer.
-    torch.set_num_threads(max(1, args.threads))
     defaults = Settings(model=args.model, inline_mode=args.inline_mode, rewrite_mode=args.rewrite_mode)
     step_delay = float(os.environ.get("LLADA_LSP_TEST_STEP_DELAY_MS", "0") or 0) / 1000
-    ls = create_server(Launch(defaults, args.device, args.dtype, step_delay))
+    ls = create_server(Launch(defaults, args.device, args.dtype, max(1, args.threads), step_delay))
     if args.tcp:
         host, _, port = args.tcp.rpartition(":")
         if not port.isdigit():

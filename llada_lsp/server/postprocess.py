@@ -42,6 +42,8 @@ def finish(raw: str, cursor: Cursor, ended: bool, chat: bool = False) -> Complet
     if chat:
         raw, ended = unfence(raw, ended)
     if cursor.on_empty_line:
+        if cursor.before:  # the indentation is typed already: the completion starts at it, not past it
+            raw = raw.lstrip(" \t")
         text, complete = _block(raw, cursor, ended)
     else:
         text, complete = _rest_of_line(raw, ended)
@@ -75,6 +77,27 @@ def _block(raw: str, cursor: Cursor, ended: bool) -> tuple[str, bool]:
             return "\n".join(kept), True
         kept.append(line)
     return "\n".join(kept), ended
+
+
+def bound_rewrite(text: str, selection: str, line_start: str) -> str:
+    """A rewrite cut to the selection's extent: a model given room to grow fills it with the code that
+    follows (`...\n\nclass`), which is not a rewrite of the selection. `line_start`: the text from the
+    start of the selection's line to the selection. A selection inside one line stays on one line;
+    otherwise the rewrite ends before the first line indented less than the selection (it leaves the
+    selected block), and past the selection's own line count it keeps only continuation lines
+    (indented deeper than the selection)."""
+    text = text.replace("\r\n", "\n")
+    selected = selection.replace("\r\n", "\n").rstrip("\n").split("\n")
+    lines = text.split("\n")
+    if len(selected) == 1 and not selection.endswith("\n"):
+        return lines[0]
+    base = min([_indent(line_start + selected[0])] + [_indent(line) for line in selected[1:] if line.strip()])
+    kept = [lines[0]]
+    for i, line in enumerate(lines[1:], start=1):
+        if line.strip() and (_indent(line) < base or (i >= len(selected) and _indent(line) <= base)):
+            break
+        kept.append(line)
+    return "\n".join(kept)
 
 
 def _indent(line: str) -> int:

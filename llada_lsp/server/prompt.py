@@ -141,11 +141,17 @@ def heal(prompt: InfillPrompt, codec: TextCodec, max_tokens: int = 4) -> Healed 
     return best
 
 
+def grow_allowance(selection_tokens: int) -> int:
+    """Masks after the selection: the most a rewrite may grow. Small, because a model given room
+    fills it with the code that follows (a rewrite must stay a rewrite of the selection)."""
+    return max(2, selection_tokens // 8)
+
+
 def rewrite_prompt(before: str, selection: str, after: str, codec: TextCodec, max_positions: int,
                    context_tokens: int, instruction: str | None = None) -> RewritePrompt:  # fmt: skip
     """The selection is the initial draft of the generated blocks, followed by masks for room to grow."""
     init_ids = codec.encode(selection)
-    gen_length = len(init_ids) + max(8, len(init_ids) // 4)
+    gen_length = len(init_ids) + grow_allowance(len(init_ids))
     min_prompt = min(64, max_positions // 4)
     if gen_length > max_positions - min_prompt:
         raise SelectionTooLong(

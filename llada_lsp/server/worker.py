@@ -15,7 +15,7 @@ import time
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
-from ..model import CheckpointError
+from ..errors import CheckpointError
 from .jobs import LoadedModel, ModelSpec, load
 
 logger = logging.getLogger(__name__)

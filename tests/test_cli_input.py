@@ -1,0 +1,153 @@
+"""The command line on a new user's first tries: it starts fast (no torch for `--help`, `--version` or
+the headless client), bad input gets one line in the user's own numbering and a non-zero exit, and
+the server started by hand stops on Ctrl-C and exits at once on `exit`."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llada_lsp", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def no_torch_after(code: str) -> None:
+    p = subprocess.run([sys.executable, "-c", f"import sys\n{code}\nassert 'torch' not in sys.modules, 'torch'\n"
+                        "assert 'transformers' not in sys.modules, 'transformers'"],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+
+
+def test_the_package_face_imports_no_torch():
+    no_torch_after("import llada_lsp")
+    no_torch_after("import llada_lsp; llada_lsp.__version__; dir(llada_lsp)")
+
+
+def test_help_version_and_the_thin_modules_import_no_torch():
+    no_torch_after("from llada_lsp.cli import main; main(['--help']); main(['--version'])")
+    # The headless client, the LSP front and the pure-text parts: torch comes with the model only.
+    no_torch_after("import llada_lsp.server.headless, llada_lsp.server.main, llada_lsp.server.postprocess, "
+                   "llada_lsp.server.syntax")  # fmt: skip
+
+
+def test_lazy_names_resolve():
+    import llada_lsp
+
+    assert callable(llada_lsp.load_model) and callable(llada_lsp.generate)
+    assert llada_lsp.CheckpointError is __import__("llada_lsp.model", fromlist=["x"]).CheckpointError
+    with pytest.raises(AttributeError):
+        llada_lsp.no_such_name
+
+
+def test_version_and_unknown_subcommand():
+    p = run("--version")
+    assert p.returncode == 0 and p.stdout.startswith("llada-lsp ") and p.stdout.strip() != "llada-lsp"
+    p = run("complet", "x.py:1:1")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    assert "unknown subcommand 'complet'" in p.stderr and "'complete'" in p.stderr
+
+
+@pytest.fixture
+def source(tmp_path):
+    path = tmp_path / "a.py"
+    path.write_text("def f(x):\n    return x + 1\n")  # 3 lines for an editor: the last one is empty
+    return path
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["complete", "{f}:0:0"], "{f}:0:0: lines and columns count from 1"),
+        (["complete", "{f}:4:1"], "{f}:4:1: line 4 is past the end (the file has 3 lines)"),
+        (["complete", "{f}:2:40"], "column 40 is past the end of line 2 (16 characters: the last column is 17)"),
+        (["complete", "{f}:2"], "expected FILE:LINE:COL"),
+        (["complete", "{missing}:1:1"], "no such file"),
+        (["complete", "{binary}:1:1"], "not UTF-8 text"),
+        (["complete", "{nul}:1:1"], "a binary file"),
+        (["rewrite", "{f}:2:5-1:1"], "{f}:2:5-1:1: the range ends (1:1) before it starts (2:5)"),
+        (["rewrite", "{f}:1:1-9:1"], "{f}:9:1: line 9 is past the end (the file has 3 lines)"),
+        (["rewrite", "{f}:1:1"], "expected FILE:L1:C1-L2:C2"),
+    ],
+)
+def test_bad_input_is_one_line_in_the_users_numbering(args, expected, source, tmp_path):
+    binary, nul = tmp_path / "b.py", tmp_path / "n.py"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    nul.write_bytes(b"x = 1\n\x00\x00")
+    names = {"f": source, "missing": tmp_path / "nope.py", "binary": binary, "nul": nul}
+    p = run(*[a.format(**names) for a in args])
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
+    assert expected.format(**names) in p.stderr
+    assert p.stdout == ""
+
+
+def message(obj: dict) -> bytes:
+    body = json.dumps(obj).encode()
+    return b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+def read_until(stream, needle: bytes, timeout: float = 120) -> bytes:
+    os.set_blocking(stream.fileno(), False)
+    out, deadline = b"", time.monotonic() + timeout
+    while needle not in out:
+        assert time.monotonic() < deadline, f"no {needle!r} in {out[-500:]!r}"
+        chunk = stream.read()
+        out += chunk or b""
+        if not chunk:
+            time.sleep(0.01)
+    return out
+
+
+@pytest.mark.slow
+def test_exit_is_at_once_even_with_a_step_in_flight(tmp_path):
+    """Emacs gives a server ~0.1 s after `exit` before it kills it. A step that sleeps 5 s (the test
+    hook) is in flight: neither `shutdown` nor `exit` may wait for it."""
+    env = {**os.environ, "LLADA_LSP_TEST_STEP_DELAY_MS": "5000"}
+    p = subprocess.Popen([sys.executable, "-m", "llada_lsp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, env=env)  # fmt: skip
+    try:
+        uri = (tmp_path / "a.py").as_uri()
+        p.stdin.write(message({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}}}))
+        p.stdin.write(message({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {
+            "uri": uri, "languageId": "python", "version": 1, "text": "def f(x):\n    return x\n"}}}))  # fmt: skip
+        p.stdin.write(message({"jsonrpc": "2.0", "id": 2, "method": "textDocument/completion", "params": {
+            "textDocument": {"uri": uri}, "position": {"line": 1, "character": 10}}}))  # fmt: skip
+        p.stdin.flush()
+        read_until(p.stdout, b'"id": 1')
+        time.sleep(8)  # the model loads, then the completion's first step sleeps
+        started = time.monotonic()
+        p.stdin.write(message({"jsonrpc": "2.0", "id": 3, "method": "shutdown"}))
+        p.stdin.flush()
+        read_until(p.stdout, b'"id": 3')
+        p.stdin.write(message({"jsonrpc": "2.0", "method": "exit"}))
+        p.stdin.flush()
+        assert p.wait(timeout=30) == 0
+        assert time.monotonic() - started < 2.0  # a step takes 5 s: nothing waited for it
+    finally:
+        p.kill()
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_terminal_stops_the_server():
+    """Started by hand, stdin is a terminal: Ctrl-C stops it without waiting for more input."""
+    controller, terminal = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "llada_lsp"], stdin=terminal, stdout=terminal,
+                         stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        time.sleep(3)  # started and reading
+        os.kill(p.pid, signal.SIGINT)
+        assert p.wait(timeout=20) != 0
+        err = p.stderr.read().decode()
+        assert "interrupted" in err and "Traceback" not in err
+    finally:
+        p.kill()
+        os.close(controller)
+        os.close(terminal)

@@ -1,0 +1,145 @@
+"""Rewrite selection never makes valid code invalid: the syntax guard, the bound to the selection, the
+rewrite pipeline's outcomes (with the real tokenizer and a scripted engine), and instructions."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from llada_lsp.server import jobs
+from llada_lsp.server.postprocess import bound_rewrite
+from llada_lsp.server.prompt import TextCodec
+from llada_lsp.server.syntax import Balance, check_rewrite, is_python
+
+PY = "def f(name):\n    return name.split()\n\nx = f('a b')\n"
+
+
+def test_python_that_parsed_must_still_parse():
+    start = PY.index("name.split()")
+    assert check_rewrite(PY, start, start + 12, "name.split(' ')", python=True) is None
+    reason = check_rewrite(PY, start, start + 12, "name.split(", python=True)
+    assert reason is not None and "unparsable" in reason and "line 2" in reason
+    # A characterwise selection that ends inside the call: `name.split()).lower()` must be refused.
+    assert check_rewrite(PY, start, start + 11, "name.split()).lower(", python=True) is not None
+    # An unterminated docstring, the new user's other example.
+    end = PY.index("\n", start)
+    assert check_rewrite(PY, start, end, 'name.split()\n    """Split', python=True) is not None
+
+
+def test_python_that_did_not_parse_falls_back_to_brackets_and_quotes():
+    broken = "def f(:\n    return g(a, b)\n"
+    start = broken.index("g(a, b)")
+    assert check_rewrite(broken, start, start + 7, "g(b, a)", python=True) is None
+    assert "brackets or quotes" in check_rewrite(broken, start, start + 7, "g(b, a", python=True)
+
+
+def test_other_languages_keep_brackets_and_quotes():
+    js = "function f(a) {\n  return [a, 'x'];\n}\n"
+    start, end = js.index("return"), js.index(";")
+    assert check_rewrite(js, start, end, "return [a, 'y', \"z\"]", python=False) is None
+    assert check_rewrite(js, start, end, "return [a, 'y'", python=False) is not None
+    assert check_rewrite(js, start, end, "return [a, 'y]", python=False) is not None
+    assert check_rewrite(js, start, end, "return [a, 'x']]", python=False) is not None
+    # A selection that was unbalanced itself (half a block) may stay so, in the same way.
+    a = js.index("{")
+    assert check_rewrite(js, a, js.index("\n}"), "{\n  return a;", python=False) is None
+    assert check_rewrite(js, a, js.index("\n}"), "{\n  return a;\n}", python=False) is not None
+
+
+def test_balance_ignores_brackets_in_strings_and_apostrophes_in_prose():
+    assert Balance.of("f(')', \"]\")") == Balance("", "", "")
+    assert Balance.of("# don't (\nx = 1") == Balance("", "", "")
+    assert Balance.of('x = """a\n(b') == Balance("", "", '"""')
+    assert Balance.of("a)(") == Balance(")", "(", "")
+
+
+def test_language_of_a_document():
+    assert is_python("python", "file:///a.txt") and is_python("", "file:///a/b.PY") and is_python("", "x.pyi")
+    assert not is_python("javascript", "file:///a.js")
+
+
+def test_bound_rewrite_stays_in_the_selection():
+    """(Trailing whitespace is the selection's own, put back by the pipeline: compared without it.)"""
+    line = "            parser.x = lex.end\n"
+
+    def bound(text: str, selection: str, line_start: str = "") -> str:
+        return bound_rewrite(text, selection, line_start).rstrip()
+
+    # Room to grow filled with the code that follows is dropped: here it leaves the selected block.
+    assert bound(line + "\nclass\n", line) == line.rstrip()
+    # Past the selection's own lines, only continuation lines of its last statement are kept.
+    assert bound(line + "            y = 2\n", line) == line.rstrip()
+    assert bound("    return f(a,\n             b)\n", "    return f(a, b)\n") == "    return f(a,\n             b)"
+    # Inside one line, a rewrite stays on one line.
+    assert bound("x + 1)\n\ndef g(", "x + 2", "    return ") == "x + 1)"
+    # A function keeps its body, and ends where the next top-level code begins.
+    fn = "def f():\n    a = 1\n    return a\n"
+    assert bound(fn.replace("1", "2") + "\n\nclass A:\n", fn) == fn.replace("1", "2").rstrip()
+
+
+@pytest.fixture(scope="module")
+def codec() -> TextCodec:
+    from llada_lsp.model import load_tokenizer
+
+    return TextCodec.from_tokenizer(load_tokenizer(None))
+
+
+def scripted(codec: TextCodec, answer: str) -> jobs.LoadedModel:
+    """The embedded model's tokenizer with an engine that 'generates' `answer`: the pipeline around the
+    model (prompt, bound, guard, outcome) is what is tested."""
+    eos = codec.special.eos
+
+    class Gen:
+        def __init__(self, gen_length: int, init_ids: list[int]):
+            tokens = codec.encode(answer)[:gen_length]
+            self.result = SimpleNamespace(tokens=tokens + [eos] * (gen_length - len(tokens)), steps=3, cancelled=False)
+            self.gen_length, self.init_ids = gen_length, init_ids
+
+        def __iter__(self):
+            yield SimpleNamespace(step=1)
+
+    calls = []
+
+    def generation(prompt_ids, gen_length, mode, **kw):
+        calls.append((gen_length, kw["init_ids"]))
+        return Gen(gen_length, kw["init_ids"])
+
+    engine = SimpleNamespace(generation=generation, model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512)))
+    model = jobs.LoadedModel(jobs.ModelSpec(None), engine, codec)
+    model.calls = calls
+    return model
+
+
+def rewrite(model, text: str, selection: str, instruction: str | None = None) -> jobs.Outcome:
+    start = text.index(selection)
+    job = jobs.Rewrite(text, start, start + len(selection), "quality", 1024, instruction, python=True)
+    return jobs.run_rewrite(model, job, threading.Event(), lambda *_: None)
+
+
+def test_a_rewrite_that_breaks_the_file_is_refused(codec):
+    out = rewrite(scripted(codec, "return name.split("), PY, "return name.split()")
+    assert out.stopped == "refused" and "unparsable" in out.reason and out.text == "return name.split("
+
+
+def test_a_good_rewrite_is_done_and_bounded(codec):
+    model = scripted(codec, "    return name.split(' ')\n\nclass\n")
+    out = rewrite(model, PY, "    return name.split()\n")
+    assert (out.stopped, out.text) == ("done", "    return name.split(' ')\n")
+    gen_length, init_ids = model.calls[0]
+    assert init_ids == codec.encode("    return name.split()\n")
+    assert len(init_ids) < gen_length <= len(init_ids) + max(2, len(init_ids) // 8)  # a small allowance
+
+
+def test_no_change_is_reported_as_such(codec):
+    out = rewrite(scripted(codec, "x = f('a b')\n\n#\n"), PY, "x = f('a b')\n")
+    assert (out.stopped, out.text) == ("unchanged", "x = f('a b')\n") and out.reason
+
+
+def test_an_instruction_is_refused_by_a_fill_in_the_middle_model(codec):
+    model = scripted(codec, "anything")
+    assert codec.special.has_fim
+    with pytest.raises(jobs.InstructionUnsupported, match="cannot follow an instruction"):
+        rewrite(model, PY, "x = f('a b')\n", instruction="use a list")
+    assert model.calls == []  # refused before anything ran
