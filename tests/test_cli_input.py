@@ -109,10 +109,12 @@ def read_until(stream, needle: bytes, timeout: float = 120) -> bytes:
 @pytest.mark.slow
 def test_exit_is_at_once_even_with_a_step_in_flight(tmp_path):
     """Emacs gives a server ~0.1 s after `exit` before it kills it. A step that sleeps 5 s (the test
-    hook) is in flight: neither `shutdown` nor `exit` may wait for it."""
+    hook) is in flight: neither `shutdown` nor `exit` may wait for it. On the way, an unknown command
+    is answered with an error and logged without a traceback."""
     env = {**os.environ, "LLADA_LSP_TEST_STEP_DELAY_MS": "5000"}
-    p = subprocess.Popen([sys.executable, "-m", "llada_lsp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, env=env)  # fmt: skip
+    stderr = (tmp_path / "stderr").open("w+")
+    p = subprocess.Popen([sys.executable, "-m", "llada_lsp", "--log-level", "info"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=stderr, env=env)  # fmt: skip
     try:
         uri = (tmp_path / "a.py").as_uri()
         p.stdin.write(message({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}}}))
@@ -120,8 +122,10 @@ def test_exit_is_at_once_even_with_a_step_in_flight(tmp_path):
             "uri": uri, "languageId": "python", "version": 1, "text": "def f(x):\n    return x\n"}}}))  # fmt: skip
         p.stdin.write(message({"jsonrpc": "2.0", "id": 2, "method": "textDocument/completion", "params": {
             "textDocument": {"uri": uri}, "position": {"line": 1, "character": 10}}}))  # fmt: skip
+        p.stdin.write(message({"jsonrpc": "2.0", "id": 4, "method": "workspace/executeCommand",
+                               "params": {"command": "llada.nope"}}))  # fmt: skip
         p.stdin.flush()
-        read_until(p.stdout, b'"id": 1')
+        read_until(p.stdout, b"unknown command 'llada.nope'")
         time.sleep(8)  # the model loads, then the completion's first step sleeps
         started = time.monotonic()
         p.stdin.write(message({"jsonrpc": "2.0", "id": 3, "method": "shutdown"}))
@@ -131,8 +135,12 @@ def test_exit_is_at_once_even_with_a_step_in_flight(tmp_path):
         p.stdin.flush()
         assert p.wait(timeout=30) == 0
         assert time.monotonic() - started < 2.0  # a step takes 5 s: nothing waited for it
+        stderr.seek(0)
+        log = stderr.read()
+        assert "unknown command 'llada.nope'" in log and "Traceback" not in log
     finally:
         p.kill()
+        stderr.close()
 
 
 @pytest.mark.slow
