@@ -118,11 +118,11 @@ def paired(tasks, a: list[str], b: list[str]) -> tuple[int, int, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp eval-infill", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="model folder (default: the embedded model)")
-    ap.add_argument("--n", type=int, default=100, help="tasks per kind")
-    ap.add_argument("--modes", default="speed,quality,no-edit", help="decoding presets to score, comma-separated")
-    ap.add_argument("--kinds", default=",".join(TASK_KINDS), help="task kinds to score, comma-separated")
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--n", type=int, default=100, help="tasks per kind (default: 100)")
+    ap.add_argument("--modes", default="speed,quality,no-edit", help="decoding presets to score, comma-separated (default: %(default)s)")
+    ap.add_argument("--kinds", default=",".join(TASK_KINDS), help="task kinds to score, comma-separated (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=1234, help="which tasks are cut (default: 1234)")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--json", action="store_true", help="also print the scores as one JSON line")
     args = ap.parse_args(argv)
     kinds, modes = [k for k in args.kinds.split(",") if k], [m for m in args.modes.split(",") if m]
