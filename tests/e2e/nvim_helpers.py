@@ -83,6 +83,12 @@ api.nvim_create_autocmd('LspRequest', {
     probe.log[#probe.log + 1] = { kind = 'request', method = request.method, type = request.type }
   end,
 })
+
+local notify = vim.notify
+vim.notify = function(msg, level, opts)
+  probe.log[#probe.log + 1] = { kind = 'notify', msg = msg, level = level }
+  return notify(msg, level, opts)
+end
 """
 
 
@@ -126,8 +132,13 @@ def wait_for(
 class Editor:
     """One headless Neovim with the plugin set up, editing one file."""
 
-    def __init__(self, binary: str, workdir: Path, setup_opts: dict[str, Any]):
+    def __init__(
+        self, binary: str, workdir: Path, setup_opts: dict[str, Any], env: dict[str, str] | None = None
+    ):
         self.nvim = pynvim.attach("child", argv=[binary, "--embed", "--clean", "--headless"])
+        # The server inherits the editor's environment (e.g. LLADA_LSP_TEST_STEP_DELAY_MS).
+        for name, value in (env or {}).items():
+            self.nvim.exec_lua("vim.env[...] = select(2, ...)", name, value)
         self.nvim.exec_lua("vim.opt.runtimepath:prepend(...)", str(PLUGIN_DIR))
         self.nvim.exec_lua(_PROBE_LUA)
         opts = {"cmd": server_cmd(), **setup_opts}
@@ -167,6 +178,9 @@ class Editor:
 
     def log(self) -> list[dict[str, Any]]:
         return self.lua("return llada_probe.log")
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.log() if e["kind"] == kind]
 
     def wait_ghost(self) -> dict[str, Any]:
         """The final ghost text of the latest inline request: shown once no inline request is pending."""

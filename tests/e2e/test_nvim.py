@@ -6,6 +6,8 @@ text the model proposes, as long as it proposes some at the completion point of 
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,14 +32,19 @@ INDENT = "        "
 TYPED = "self."
 
 
+# Each denoising step of the server sleeps this long: a draft stays on screen for a while.
+SLOW_STEPS = {"LLADA_LSP_TEST_STEP_DELAY_MS": "600"}
+
+
 @pytest.fixture
 def open_editor(tmp_path: Path) -> Iterator:
     editors: list[Editor] = []
 
-    def start(**setup_opts) -> Editor:
-        editor = Editor(BINARY, tmp_path, setup_opts)
+    def start(*, env: dict[str, str] | None = None, open_file: bool = True, **setup_opts) -> Editor:
+        editor = Editor(BINARY, tmp_path, setup_opts, env)
         editors.append(editor)
-        editor.open("sample.py", SOURCE)
+        if open_file:
+            editor.open("sample.py", SOURCE)
         return editor
 
     yield start
@@ -119,11 +126,11 @@ def test_draft_updates_ghost_before_final_answer(open_editor, path):
 
 
 def test_rewrite_range_applies_server_edit(open_editor):
-    editor = open_editor()
+    editor = open_editor(review=False)
     before = editor.lines()
     tick = editor.lua("return vim.api.nvim_buf_get_changedtick(0)")
 
-    editor.nvim.command("1,2LladaRewrite add a docstring")
+    editor.nvim.command("1,2LladaRewrite")
     entry = wait_for(lambda: next((e for e in editor.log() if e["kind"] == "rewrite"), None), "the rewrite result")
 
     sent = [e for e in editor.log() if e["kind"] == "request" and e["method"] == "workspace/executeCommand"]
@@ -158,3 +165,167 @@ def test_mode_command_reaches_server(open_editor):
         lambda: "inline quality" in editor.lua("return vim.api.nvim_exec2('messages', { output = true }).output"),
         "LladaStatus to echo the mode the server reports",
     )
+
+
+@pytest.mark.parametrize("path", ["builtin", "fallback"])
+def test_accept_key_takes_the_visible_draft(open_editor, path):
+    if path == "builtin" and VERSION < (0, 12):
+        pytest.skip("vim.lsp.inline_completion needs Neovim 0.12")
+    editor = open_editor(env=SLOW_STEPS, force_fallback=path == "fallback", inline_mode="quality")
+    editor.nvim.input(f"{BODY_LINE}GA{TYPED}")
+    wait_for(lambda: editor.lines()[BODY_LINE - 1] == INDENT + TYPED, "the typed text")
+    pending = "return require('llada.draft').is_pending(vim.api.nvim_get_current_buf())"
+
+    def live_draft() -> dict | None:
+        ghost = editor.ghost()
+        return ghost if ghost and ghost["text"] and editor.lua(pending) else None
+
+    wait_for(live_draft, "a draft on screen before the answer", detail=lambda: f"events {editor.log()[-6:]!r}")
+    before, (row, col), seen = editor.lines(), editor.cursor(), len(editor.log())
+    # Reads the screen and presses the key in one call: the next draft is a whole step away.
+    shown = editor.lua("local g = llada_probe.ghost() vim.api.nvim_input('<Tab>') return g")
+    assert shown and shown["source"] == "llada" and shown["text"], shown
+
+    line = before[row - 1].encode()
+    inserted = (line[:col] + shown["text"].encode() + line[col:]).decode()
+    expected = before[: row - 1] + inserted.split("\n") + before[row:]
+    wait_for(lambda: editor.lines() == expected, f"the buffer to become {expected!r}", 10, lambda: f"{editor.lines()!r}")
+    last = shown["text"].split("\n")[-1].encode()
+    assert editor.cursor() == (row + shown["text"].count("\n"), (col if "\n" not in shown["text"] else 0) + len(last))
+
+    # The rest of the request is cancelled: its answer never lands in the buffer, and no tab was typed.
+    def cancel_acknowledged() -> bool:
+        inline = [e["type"] for e in editor.log()[seen:] if e.get("method") == "textDocument/inlineCompletion"]
+        return "cancel" in inline and "complete" in inline[inline.index("cancel") :]
+
+    wait_for(cancel_acknowledged, "the rest of the request to be cancelled", 10, lambda: f"{editor.log()[-6:]!r}")
+    time.sleep(1)  # more than a step: whatever else the server was sending has arrived
+    assert editor.lines() == expected
+    assert "\t" not in editor.text()
+
+
+# Stands in for the user at the review prompt: records what vim.ui.select() asked and which floats showed,
+# edits the buffer first when told to, then answers (after a tick, as an asynchronous picker would, or
+# at once, as the default inputlist() one does).
+_REVIEW_STUB = r"""
+local answer, edit_first, at_once = ...
+_G.llada_review = {}
+vim.ui.select = function(items, opts, on_choice)
+  local floats = {}
+  for _, win in ipairs(vim.api.nvim_tabpage_list_wins(0)) do
+    if vim.api.nvim_win_get_config(win).relative ~= '' then
+      local buf = vim.api.nvim_win_get_buf(win)
+      floats[#floats + 1] = { filetype = vim.bo[buf].filetype, lines = vim.api.nvim_buf_get_lines(buf, 0, -1, false) }
+    end
+  end
+  llada_review.seen = { items = items, prompt = opts.prompt, floats = floats }
+  if edit_first then
+    vim.api.nvim_buf_set_lines(0, -1, -1, false, { '# typed during the review' })
+  end
+  local function choose()
+    on_choice(answer)
+    llada_review.floats_after = #vim.tbl_filter(function(win)
+      return vim.api.nvim_win_get_config(win).relative ~= ''
+    end, vim.api.nvim_tabpage_list_wins(0))
+  end
+  if at_once then
+    choose()
+  else
+    vim.schedule(choose)
+  end
+end
+"""
+
+
+@pytest.mark.parametrize(
+    "answer, edit_first, at_once",
+    [("Apply", False, False), ("Apply", False, True), ("Discard", False, False), ("Apply", True, False)],
+    ids=["apply", "apply-at-once", "discard", "edited-during-review"],
+)
+def test_rewrite_review(open_editor, answer, edit_first, at_once):
+    editor = open_editor()
+    before = editor.lines()
+    editor.lua(_REVIEW_STUB, answer, edit_first, at_once)
+
+    editor.nvim.command("1,2LladaRewrite")
+    entry = wait_for(lambda: next(iter(editor.events("rewrite")), None), "the rewrite result")
+    assert entry.get("error") is None, entry
+    result = entry["result"]
+    proposed = result["text"].split("\n")
+    assert proposed != before[:2], "the model proposed no change; the review cannot be checked"
+
+    seen = editor.lua("return llada_review.seen")
+    assert seen, "the rewrite must be offered for review"
+    assert seen["items"] == ["Apply", "Discard"]
+    diff = [f for f in seen["floats"] if f["filetype"] == "diff"]
+    assert len(diff) == 1, seen["floats"]
+    shown = diff[0]["lines"]
+    removed = [line[1:] for line in shown if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:] for line in shown if line.startswith("+") and not line.startswith("+++")]
+    assert removed or added, shown
+    assert set(removed) <= set(before[:2]) and set(added) <= set(proposed), shown
+    assert editor.lua("return llada_review.floats_after") == 0, "the review float must close with the answer"
+
+    notes = [e for e in editor.events("notify") if e["msg"].startswith("llada: ")]
+    if answer == "Apply" and not edit_first:
+        assert result["applied"], result
+        assert editor.lines() == proposed + before[2:]
+        assert not [e for e in notes if e["level"] >= 3], notes  # no warning
+    elif answer == "Discard":
+        assert not result["applied"] and result["reason"] == "Discarded in the editor.", result
+        assert editor.lines() == before
+        assert [e["msg"] for e in notes] == ["llada: rewrite discarded"]
+    else:
+        assert not result["applied"] and result["reason"] == "The document changed during the review.", result
+        assert editor.lines() == before + ["# typed during the review"], "the user's edit wins"
+        assert [(e["msg"], e["level"]) for e in notes] == [
+            ("llada: rewrite not applied: The document changed during the review.", 3)
+        ]
+
+
+def test_checkhealth_reports_version_path_server_and_status(open_editor):
+    editor = open_editor()
+    wait_for(lambda: editor.lua("return require('llada').statusline()") == "llada: ready speed", "the server")
+    editor.nvim.command("set notermguicolors | checkhealth llada")
+    report = lambda: "\n".join(editor.lines())  # noqa: E731
+    wait_for(lambda: "state ready" in report(), "the health report", 30, lambda: report())
+    text = report()
+    assert "OK Neovim 0." in text, text
+    path = "the plugin draws it" if VERSION < (0, 12) else "vim.lsp.inline_completion draws completions"
+    assert f"Ghost text: {path}" in text, text
+    assert "OK Server command:" in text, text
+    assert re.search(r"OK client \d+, attached to 1 buffer: model \S+, state ready", text), text
+    assert "'termguicolors' is off" in text, text
+    assert "ERROR" not in text and "WARNING" not in text, text
+
+
+def test_ghost_highlight_without_termguicolors(open_editor):
+    editor = open_editor(open_file=False)
+    editor.lua("vim.o.termguicolors = false vim.cmd.colorscheme('default')")  # ColorScheme redefines them
+    resolved = "return vim.api.nvim_get_hl(0, { name = ..., link = false })"
+    groups = ["LladaGhost"] + (["ComplHint"] if VERSION >= (0, 12) else [])
+    for group in groups:
+        hl = editor.lua(resolved, group)
+        assert hl.get("ctermfg") is not None or hl.get("cterm"), f"{group} looks like typed text: {hl!r}"
+        assert hl.get("ctermfg") != editor.lua(resolved, "Normal").get("ctermfg"), hl
+    # `default`: a user's definition survives setup() being called again.
+    editor.nvim.command("highlight LladaGhost ctermfg=1")
+    editor.lua("require('llada').setup(...)", {"cmd": ["llada-lsp"]})
+    assert editor.lua(resolved, "LladaGhost").get("ctermfg") == 1
+
+
+def test_rewrite_without_change_warns_and_asks_nothing(open_editor):
+    editor = open_editor()
+    before = editor.lines()
+    editor.lua(_REVIEW_STUB, "Apply", False, True)
+
+    editor.nvim.command("1LladaRewrite")  # the model leaves `class Point:` as it is
+    result = wait_for(lambda: next(iter(editor.events("rewrite")), None), "the rewrite result")["result"]
+    assert result["text"] == before[0], "the model changed the line; pick one it keeps"
+    assert not editor.lua("return llada_review.seen"), "an edit that changes nothing is not offered for review"
+    assert editor.lines() == before
+    # The server refuses it with a reason, or sends it and the review finds nothing to apply.
+    warnings = [e["msg"] for e in editor.events("notify") if e["level"] == 3]
+    assert len(warnings) == 1 and (
+        warnings[0].startswith("llada: rewrite not applied: ") or warnings[0] == "llada: the rewrite proposes no change"
+    ), editor.events("notify")

@@ -17,6 +17,7 @@ local M = {}
 ---@field keymaps llada.Keymaps
 ---@field debounce_ms integer Delay before the fallback ghost text asks the server.
 ---@field force_fallback boolean Use the plugin's own ghost text even where Neovim has one.
+---@field review boolean Show a rewrite as a diff and ask before applying it.
 M.defaults = {
   cmd = { 'llada-lsp' },
   model = nil,
@@ -28,6 +29,7 @@ M.defaults = {
   keymaps = { accept = '<Tab>', rewrite = '<leader>lr' },
   debounce_ms = 150,
   force_fallback = false,
+  review = true,
 }
 
 local function is_mode(v)
@@ -63,6 +65,7 @@ function M.resolve(opts)
   vim.validate('keymaps.rewrite', cfg.keymaps.rewrite, is_key, 'key string or false')
   vim.validate('debounce_ms', cfg.debounce_ms, 'number')
   vim.validate('force_fallback', cfg.force_fallback, 'boolean')
+  vim.validate('review', cfg.review, 'boolean')
   return cfg
 end
 

@@ -14,6 +14,8 @@ local INLINE = 'textDocument/inlineCompletion'
 ---@field cursor? [integer, integer] cursor when the request was sent; nil if no window showed the buffer
 
 local pending = {} ---@type table<integer, llada.PendingInline>
+--- Requests cancelled by cancel(), per buffer, with what to run once their reply has been handled.
+local cancelled = {} ---@type table<integer, {client_id: integer, id: integer, on_reply?: fun()}>
 
 ---@param bufnr integer
 ---@return boolean
@@ -24,6 +26,7 @@ end
 ---@param bufnr integer
 function M.forget(bufnr)
   pending[bufnr] = nil
+  cancelled[bufnr] = nil
 end
 
 local function redraw_status()
@@ -41,6 +44,19 @@ function M.on_request(args)
     return
   end
   local bufnr = data.request.bufnr
+  local dropped = cancelled[bufnr]
+  if
+    dropped
+    and data.request.type == 'complete'
+    and dropped.client_id == data.client_id
+    and dropped.id == data.request_id
+  then
+    cancelled[bufnr] = nil
+    -- The reply's handler was scheduled before this autocmd ran; run after it.
+    if dropped.on_reply then
+      vim.schedule(dropped.on_reply)
+    end
+  end
   if data.request.type == 'pending' then
     -- Runs synchronously inside client:request(), so the cursor is the one the request was made at.
     local win = ghost.insert_window(bufnr)
@@ -57,6 +73,23 @@ function M.on_request(args)
     if not ghost.is_fallback(bufnr) and ghost.shown(bufnr) == 'draft' then
       ghost.clear(bufnr)
     end
+  end
+  redraw_status()
+end
+
+--- Cancels the pending inline request of {bufnr}: no more of its drafts are drawn. {on_reply} runs once
+--- the reply to it (the cancel acknowledgement, or an answer that was already on its way) has been handled
+--- by whoever sent the request.
+---@param bufnr integer
+---@param on_reply? fun()
+function M.cancel(bufnr, on_reply)
+  local p = pending[bufnr]
+  pending[bufnr] = nil
+  local client = p and vim.lsp.get_client_by_id(p.client_id)
+  local sent = client and client.requests[p.id]
+  if sent and sent.type == 'pending' then
+    cancelled[bufnr] = { client_id = p.client_id, id = p.id, on_reply = on_reply }
+    client:cancel_request(p.id)
   end
   redraw_status()
 end

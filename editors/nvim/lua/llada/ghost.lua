@@ -10,12 +10,12 @@ M.ns = api.nvim_create_namespace('llada')
 ---@field text string
 ---@field row integer 0-based
 ---@field col integer 0-based byte column
----@field tick integer changedtick the item was computed for
+---@field tick integer changedtick the text was drawn for
+---@field kind "draft"|"answer"
 
 ---@class llada.GhostBuffer
 ---@field fallback boolean this buffer asks for inline completions itself
----@field shown? "draft"|"answer" what the extmark currently holds
----@field item? llada.GhostItem the answer that accept() would insert
+---@field item? llada.GhostItem what the extmark shows, which accept() inserts
 ---@field timer? uv.uv_timer_t debounce of the fallback requests
 ---@field request? {client: vim.lsp.Client, id: integer} the fallback request in flight
 
@@ -25,7 +25,6 @@ local buffers = {} ---@type table<integer, llada.GhostBuffer>
 function M.clear(bufnr)
   local state = buffers[bufnr]
   if state then
-    state.shown = nil
     state.item = nil
   end
   if api.nvim_buf_is_valid(bufnr) then
@@ -57,14 +56,16 @@ function M.show(bufnr, row, col, text, kind)
     hl_mode = 'combine',
   })
   if buffers[bufnr] then
-    buffers[bufnr].shown = kind
+    local tick = api.nvim_buf_get_changedtick(bufnr)
+    buffers[bufnr].item = { text = text, row = row, col = col, tick = tick, kind = kind }
   end
 end
 
 ---@param bufnr integer
 ---@return "draft"|"answer"|nil
 function M.shown(bufnr)
-  return buffers[bufnr] and buffers[bufnr].shown
+  local item = buffers[bufnr] and buffers[bufnr].item
+  return item and item.kind
 end
 
 ---@param bufnr integer
@@ -88,7 +89,9 @@ end
 local function cancel(state)
   local request = state.request
   state.request = nil
-  if request and not request.client:is_stopped() then
+  -- Not once answered or cancelled already (a cancelled request's answer never reaches on_answer).
+  local sent = request and request.client.requests[request.id]
+  if sent and sent.type == 'pending' and not request.client:is_stopped() then
     request.client:cancel_request(request.id)
   end
 end
@@ -133,7 +136,6 @@ local function request(bufnr, client)
       local text = type(item.insertText) == 'table' and item.insertText.value or item.insertText
       -- The protocol makes `range` the empty range at the cursor, so the text goes where the cursor is.
       M.show(bufnr, cursor[1] - 1, cursor[2], text, 'answer')
-      state.item = { text = text, row = cursor[1] - 1, col = cursor[2], tick = tick }
     end)
   end
   local ok, request_id = client:request('textDocument/inlineCompletion', params, on_answer, bufnr)
@@ -197,11 +199,12 @@ function M.detach(bufnr)
   buffers[bufnr] = nil
 end
 
---- Inserts the shown answer at the cursor and moves the cursor past it. Returns false (and does nothing)
---- when there is no answer for the current text and cursor, so a mapping can fall back to its key.
---- The edit itself is scheduled: this runs inside an <expr> mapping, where the text is locked.
+--- Inserts the shown ghost text (a draft or an answer) at the cursor and moves the cursor past it.
+--- Returns what it accepted, or nil (and does nothing) when no ghost text is shown for the current text
+--- and cursor, so a mapping can fall back to its key. The edit itself is scheduled: this runs inside an
+--- <expr> mapping, where the text is locked.
 ---@param bufnr integer
----@return boolean
+---@return "draft"|"answer"|nil
 function M.accept(bufnr)
   local state = buffers[bufnr]
   local item = state and state.item
@@ -212,7 +215,7 @@ function M.accept(bufnr)
     or api.nvim_buf_get_changedtick(bufnr) ~= item.tick
     or not vim.deep_equal(api.nvim_win_get_cursor(win), { item.row + 1, item.col })
   then
-    return false
+    return nil
   end
   vim.schedule(function()
     if not api.nvim_buf_is_valid(bufnr) or api.nvim_buf_get_changedtick(bufnr) ~= item.tick then
@@ -226,7 +229,7 @@ function M.accept(bufnr)
       api.nvim_win_set_cursor(win, { item.row + last, (last == 1 and item.col or 0) + #lines[last] })
     end
   end)
-  return true
+  return item.kind
 end
 
 return M

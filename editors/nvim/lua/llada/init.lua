@@ -4,10 +4,13 @@ local api = vim.api
 local config = require('llada.config')
 local draft = require('llada.draft')
 local ghost = require('llada.ghost')
+local highlight = require('llada.highlight')
+local review = require('llada.review')
 
 local M = {}
 
 local cfg = config.resolve() ---@type llada.Config
+local configured = false -- setup() was called
 local server_status = {} ---@type table<integer, table> client id -> last `llada.status` result
 local rewriting = {} ---@type table<integer, true> buffers with a rewrite in flight
 
@@ -69,6 +72,44 @@ local function use_fallback()
   return cfg.force_fallback or vim.lsp.inline_completion == nil
 end
 
+--- Drops the item the built-in completer holds for {bufnr} (an older answer, or one that landed just
+--- after a draft was accepted), unless a newer request is on its way. get() with a no-op on_accept is
+--- the public way to drop it; it also cancels pending requests, hence the check.
+---@param bufnr integer
+local function dismiss_builtin(bufnr)
+  for _, client in ipairs(vim.lsp.get_clients({ bufnr = bufnr })) do
+    for _, r in pairs(client.requests) do
+      if r.bufnr == bufnr and r.method == 'textDocument/inlineCompletion' and r.type == 'pending' then
+        return
+      end
+    end
+  end
+  vim.lsp.inline_completion.get({ bufnr = bufnr, on_accept = function() end })
+end
+
+--- The accept key: inserts what is on screen, and returns false when nothing is.
+---@param bufnr integer
+---@param fallback boolean
+---@return boolean
+local function accept(bufnr, fallback)
+  -- The plugin's ghost text: a live draft on either path, or the fallback completer's answer.
+  local accepted = ghost.accept(bufnr)
+  if accepted == 'draft' then
+    -- The user took the draft as shown; the rest of its request would only replace it.
+    if fallback then
+      draft.cancel(bufnr)
+    else
+      local function dismiss()
+        dismiss_builtin(bufnr)
+      end
+      draft.cancel(bufnr, dismiss)
+      vim.schedule(dismiss) -- after the insertion, which ghost.accept() scheduled
+    end
+    return true
+  end
+  return accepted ~= nil or (not fallback and vim.lsp.inline_completion.get({ bufnr = bufnr }))
+end
+
 ---@param client vim.lsp.Client
 ---@param bufnr integer
 ---@param group integer
@@ -81,13 +122,7 @@ local function on_attach(client, bufnr, group)
   local keys = cfg.keymaps
   if keys.accept then
     vim.keymap.set('i', keys.accept, function()
-      local accepted
-      if fallback then
-        accepted = ghost.accept(bufnr)
-      else
-        accepted = vim.lsp.inline_completion.get({ bufnr = bufnr })
-      end
-      if not accepted then
+      if not accept(bufnr, fallback) then
         return keys.accept
       end
     end, { buffer = bufnr, expr = true, desc = 'llada: accept the inline completion' })
@@ -119,24 +154,48 @@ local function on_detach(bufnr)
   end
 end
 
---- LSP range of a byte span of {bufnr}: rows 0-based, columns 0-based bytes, end exclusive.
+--- LSP range and text of a byte span of {bufnr}: rows 0-based, columns 0-based bytes (clamped to the
+--- line), end exclusive.
 ---@param bufnr integer
 ---@param encoding string
----@return lsp.Range
-local function lsp_range(bufnr, encoding, srow, scol, erow, ecol)
-  local function position(row, col)
-    local line = api.nvim_buf_get_lines(bufnr, row, row + 1, true)[1]
-    return { line = row, character = vim.str_utfindex(line, encoding, math.min(col, #line), false) }
-  end
-  return { start = position(srow, scol), ['end'] = position(erow, ecol) }
+---@return lsp.Range range
+---@return string text
+local function lsp_span(bufnr, encoding, srow, scol, erow, ecol)
+  local first = api.nvim_buf_get_lines(bufnr, srow, srow + 1, true)[1]
+  local last = api.nvim_buf_get_lines(bufnr, erow, erow + 1, true)[1]
+  scol, ecol = math.min(scol, #first), math.min(ecol, #last)
+  local range = {
+    start = { line = srow, character = vim.str_utfindex(first, encoding, scol, false) },
+    ['end'] = { line = erow, character = vim.str_utfindex(last, encoding, ecol, false) },
+  }
+  return range, table.concat(api.nvim_buf_get_text(bufnr, srow, scol, erow, ecol, {}), '\n')
 end
 
---- Sends `llada.rewriteSelection` for {range} of {bufnr}. The server applies the rewrite with
---- workspace/applyEdit, which Neovim's own handler performs; this only reports the outcome.
+--- Reports the outcome of a rewrite of {original}: an error, a refusal with its reason, or no change.
+---@param err? lsp.ResponseError
+---@param result? {applied: boolean, text: string, reason?: string}
+---@param original string
+local function report_rewrite(err, result, original)
+  if err then
+    notify('rewrite failed: ' .. err.message, vim.log.levels.ERROR)
+  elseif type(result) ~= 'table' then
+    notify('rewrite failed: the server sent no result', vim.log.levels.ERROR)
+  elseif not result.applied and result.reason ~= review.UNCHANGED and result.reason ~= review.DISCARDED then
+    notify('rewrite not applied: ' .. (result.reason or 'the edit was refused'), vim.log.levels.WARN)
+  elseif result.text == original or result.reason == review.UNCHANGED then
+    notify('the rewrite proposes no change', vim.log.levels.WARN)
+  elseif result.reason == review.DISCARDED then
+    notify('rewrite discarded')
+  end
+end
+
+--- Sends `llada.rewriteSelection` for {range} of {bufnr}, whose text is {original}. The server sends
+--- the rewrite back with workspace/applyEdit, which the client's handler reviews and applies.
 ---@param bufnr integer
 ---@param range lsp.Range
+---@param original string
 ---@param instruction? string
-local function rewrite(bufnr, range, instruction)
+local function rewrite(bufnr, range, original, instruction)
   local client = client_for(bufnr)
   if not client then
     notify('no llada server attached to this buffer', vim.log.levels.WARN)
@@ -159,11 +218,7 @@ local function rewrite(bufnr, range, instruction)
     function(err, result)
       rewriting[bufnr] = nil
       redraw_status()
-      if err then
-        notify('rewrite failed: ' .. err.message, vim.log.levels.ERROR)
-      elseif type(result) == 'table' and not result.applied then
-        notify('rewrite not applied: ' .. (result.reason or 'the edit was refused'), vim.log.levels.WARN)
-      end
+      report_rewrite(err, result, original)
       if api.nvim_buf_is_valid(bufnr) then
         api.nvim_exec_autocmds('User', {
           pattern = 'LladaRewrite',
@@ -185,16 +240,16 @@ function M.rewrite_lines(bufnr, line1, line2, instruction)
   local client = client_for(bufnr)
   local encoding = client and client.offset_encoding or 'utf-16'
   local vstart, vend = api.nvim_buf_get_mark(bufnr, '<'), api.nvim_buf_get_mark(bufnr, '>')
-  local range
+  local range, original
   if vim.fn.visualmode() == 'v' and vstart[1] == line1 and vend[1] == line2 then
     local last = api.nvim_buf_get_lines(bufnr, vend[1] - 1, vend[1], true)[1]
     -- '> marks the first byte of the last selected character; LSP ends are exclusive.
     local ecol = vend[2] < #last and vend[2] + 1 + vim.str_utf_end(last, vend[2] + 1) or #last
-    range = lsp_range(bufnr, encoding, vstart[1] - 1, vstart[2], vend[1] - 1, ecol)
+    range, original = lsp_span(bufnr, encoding, vstart[1] - 1, vstart[2], vend[1] - 1, ecol)
   else
-    range = lsp_range(bufnr, encoding, line1 - 1, 0, line2 - 1, math.huge)
+    range, original = lsp_span(bufnr, encoding, line1 - 1, 0, line2 - 1, math.huge)
   end
-  rewrite(bufnr, range, instruction)
+  rewrite(bufnr, range, original, instruction)
 end
 
 --- Rewrites the visual selection of the current buffer, asking for an optional instruction.
@@ -249,6 +304,13 @@ function M.status()
   end)
 end
 
+--- What |:checkhealth| reports: the options in use, whether setup() ran, which ghost text path
+--- buffers use.
+---@return {config: llada.Config, configured: boolean, fallback: boolean}
+function M.health_info()
+  return { config = cfg, configured = configured, fallback = use_fallback() }
+end
+
 --- Short state of the llada server of the current buffer, for 'statusline'; '' when none is attached.
 --- e.g. "llada: ready speed", "llada: generating", "llada: loading".
 ---@return string
@@ -291,14 +353,10 @@ end
 ---@param opts? table
 function M.setup(opts)
   cfg = config.resolve(opts)
+  configured = true
   local group = api.nvim_create_augroup('llada', { clear = true })
-  api.nvim_set_hl(0, 'LladaGhost', { link = 'Comment', default = true })
-  api.nvim_create_autocmd('ColorScheme', {
-    group = group,
-    callback = function()
-      api.nvim_set_hl(0, 'LladaGhost', { link = 'Comment', default = true })
-    end,
-  })
+  highlight.define()
+  api.nvim_create_autocmd('ColorScheme', { group = group, callback = highlight.define })
   -- LspAttach/LspDetach fire for every server; only llada's concern us.
   local function for_llada(handler)
     return function(args)
@@ -329,7 +387,15 @@ function M.setup(opts)
     root_markers = cfg.root_markers, -- read by the root_dir of lsp/llada.lua
     init_options = config.init_options(cfg),
     capabilities = { experimental = { lladaDrafts = true } },
-    handlers = { ['llada/draft'] = draft.on_draft },
+    handlers = {
+      ['llada/draft'] = draft.on_draft,
+      ['workspace/applyEdit'] = function(err, params, ctx)
+        if cfg.review then
+          return review.apply_edit(err, params, ctx)
+        end
+        return vim.lsp.handlers['workspace/applyEdit'](err, params, ctx)
+      end,
+    },
   })
   vim.lsp.enable('llada')
 end
