@@ -10,6 +10,7 @@ import importlib
 import sys
 
 SUBCOMMANDS = {
+    "engine": ("llada_lsp.service.engine", "main", "the engine service: one model for every editor's llada-lsp"),
     "generate": ("llada_lsp.commands.generate", "generate_main", "decode a prompt with a checkpoint and print the completion"),
     "bench": ("llada_lsp.commands.bench", "main", "cached engine vs recompute-everything baseline on CPU"),
     "complete": ("llada_lsp.server.headless", "complete_main", "complete FILE:LINE:COL through the server, as an editor would"),

@@ -41,9 +41,9 @@ class Session:
 
     async def __aenter__(self) -> "Session":
         server = [sys.executable, "-m", "llada_lsp", "serve", "--log-level", self.args.log_level]
-        for flag in ("model", "device", "dtype"):
-            if getattr(self.args, flag):
-                server += [f"--{flag}", getattr(self.args, flag)]
+        for flag in ("model", "device", "dtype", "engine", "token_file"):
+            if getattr(self.args, flag, None):
+                server += [f"--{flag.replace('_', '-')}", getattr(self.args, flag)]
         await self.client.start_io(*server)
         self._stderr = asyncio.create_task(_forward(self.client._server.stderr))
         capabilities = types.ClientCapabilities(
@@ -97,6 +97,10 @@ def _common(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--device", help="cpu, cuda, cuda:N")
     ap.add_argument("--dtype", help="float32, bfloat16, float16, float64")
     ap.add_argument("--context-tokens", type=int, help="prompt budget in tokens (the server's default: 1024)")
+    ap.add_argument("--engine", metavar="auto|local|unix:PATH|tcp://HOST:PORT",
+                    help="where the model runs (the server's default: auto, a running `llada-lsp engine` at the default "
+                    "socket, else in the server's process)")  # fmt: skip
+    ap.add_argument("--token-file", metavar="PATH", help="the token of an engine service on TCP")
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                     help="the server's log level on stderr")  # fmt: skip
     return ap

@@ -134,7 +134,7 @@ def run_infill(model: LoadedModel, job: Infill, cancel: Flag, emit: Callable[[in
     limit = job.max_tokens if cursor.on_empty_line else min(job.max_tokens, model.engine.block_size)
     gen_length = max(1, min(limit, model.max_positions - MIN_PROMPT))
     budget = min(job.context_tokens, model.max_positions - gen_length)
-    before, after = _window(job.text, job.cursor, job.cursor, budget * CHARS_PER_TOKEN)
+    before, after = window(job.text, job.cursor, job.cursor, budget * CHARS_PER_TOKEN)
     prompt = infill_prompt(before, after, codec, budget)
     chat = prompt.layout == "chat"
     healed = heal(prompt, codec) or Healed(prompt.ids, "", None)
@@ -176,7 +176,7 @@ def run_rewrite(model: LoadedModel, job: Rewrite, cancel: Flag, emit: Callable[[
             "without one, or load a chat model (LLaDA2.1) to use instructions"
         )  # fmt: skip
     selection = job.text[job.start : job.end]
-    before, after = _window(job.text, job.start, job.end, job.context_tokens * CHARS_PER_TOKEN)
+    before, after = window(job.text, job.start, job.end, job.context_tokens * CHARS_PER_TOKEN)
     prompt = rewrite_prompt(before, selection, after, codec, model.max_positions, job.context_tokens, job.instruction)
     started = time.perf_counter()
     gen = model.engine.generation(
@@ -212,7 +212,7 @@ def _keep_line_ends(text: str, selection: str) -> str:
     return text.rstrip() + ending
 
 
-def _window(text: str, start: int, end: int, chars: int) -> tuple[str, str]:
+def window(text: str, start: int, end: int, chars: int) -> tuple[str, str]:
     """The text before `start` and after `end`, bounded for huge documents. The part before begins at
     a line start fixed by the line of `start`, so it does not move while the user types on that line."""
     line_start = text.rfind("\n", 0, start) + 1

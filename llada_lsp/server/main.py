@@ -1,7 +1,8 @@
 """The language server: pygls handlers for docs/protocol.md, the holes of pygls closed, the command line.
 
 Handlers fetch the document, queue a model job or call a pure function, and convert to lsprotocol
-types. Knows nothing of tensors or token ids; model work runs on the worker's thread, never here.
+types. Knows nothing of tensors or token ids; model work runs on the worker's thread (the local
+completer) or in an engine service (the remote one), never here.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from pygls.protocol import LanguageServerProtocol, default_converter, lsp_method
 
 from .. import __version__
 from .documents import Document, Documents
-from .jobs import Infill, InstructionUnsupported, ModelSpec, Outcome, Rewrite, run_infill, run_rewrite
+from ..service.address import parse_address, read_token
+from ..service.client import EngineFailure
+from .completers import CompletionFailed, LocalCompleter, RemoteCompleter
+from .jobs import Infill, ModelSpec, Outcome, Rewrite
 from .positions import UTF8, UTF16
-from .prompt import SelectionTooLong
 from .settings import MODES, Settings, parse_settings, settings_section
 from .syntax import is_python
-from .worker import ModelUnavailable, ModelWorker, Ticket
+from .worker import ModelWorker, Ticket
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +54,8 @@ class Launch:
     dtype: str | None = None
     threads: int | None = None
     step_delay: float = 0.0  # test hook, see ModelWorker
+    engine: str = "local"  # "local" | "auto" (the default socket if a service answers, else local) | an address
+    token: str | None = None  # for a service on TCP
 
 
 @dataclass(frozen=True)
@@ -138,8 +143,8 @@ class LladaProtocol(LanguageServerProtocol):
     @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
     def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams):
         self._server.documents.close(params.text_document.uri)
-        if self._server.worker is not None:
-            self._server.worker.cancel_key(params.text_document.uri)
+        if self._server.completer is not None:
+            self._server.completer.cancel_key(params.text_document.uri)
 
     @lsp_method(types.WORKSPACE_EXECUTE_COMMAND)
     def lsp_workspace__execute_command(self, params: types.ExecuteCommandParams):
@@ -195,7 +200,8 @@ class LladaServer(LanguageServer):
                          text_document_sync_kind=types.TextDocumentSyncKind.Incremental)  # fmt: skip
         self.launch, self.settings = launch, launch.defaults
         self.documents = Documents()
-        self.worker: ModelWorker | None = None
+        self.completer: LocalCompleter | RemoteCompleter | None = None
+        self._reconnect: asyncio.Task | None = None
         self.drafts = False  # the client opted in to llada/draft notifications
         self.shutdown_requested = False
         self._load_ticket: Ticket | None = None
@@ -259,16 +265,49 @@ class LladaServer(LanguageServer):
         self.settings, errors = parse_settings(raw, self.settings, self.launch.defaults)
         for error in errors:
             self.show(error, types.MessageType.Warning)
-        if self.worker is not None and self.settings.model != before.model:
+        if self.settings.model != before.model and isinstance(self.completer, RemoteCompleter):
+            self.show(f"the model is the engine service's ({self.completer.address}); the model setting is ignored",
+                      types.MessageType.Warning)  # fmt: skip
+        elif self.completer is not None and self.settings.model != before.model:
             self.start_load()
             return True
         return False
 
+    async def start_engine(self) -> None:
+        """The engine service if one is asked for (or, with `auto`, answers at the default socket),
+        else the model in this process."""
+        choice = self.launch.engine
+        if choice != "local":
+            address = None if choice == "auto" else choice
+            try:
+                self.completer = await RemoteCompleter.connect(address, self.launch.token, self.log)
+            except EngineFailure as err:
+                if choice != "auto":
+                    self.show(f"cannot use the engine service at {choice}: {err.message}")
+                    return  # requests try again (see completer_for)
+                self.log(f"no engine service at the default socket ({err.message}): the model runs in this process")
+            else:
+                self.log(f"using the engine service at {self.completer.address} (model {self.completer.status()['model']})")
+                if self.settings.model:
+                    self.show("the model is the engine service's; the model setting is ignored", types.MessageType.Warning)
+                return
+        self.completer = LocalCompleter(ModelWorker(asyncio.get_running_loop(), self.log, self.launch.step_delay))
+        self.start_load()
+
+    async def completer_for_request(self) -> LocalCompleter | RemoteCompleter:
+        if self.completer is None and self.launch.engine not in ("local", "auto"):
+            if self._reconnect is None or self._reconnect.done():
+                self._reconnect = asyncio.ensure_future(self.start_engine())
+            await asyncio.shield(self._reconnect)
+        if self.completer is None:
+            raise JsonRpcException("llada: no engine: the server is not initialized or the service is unreachable",
+                                   code=REQUEST_FAILED)  # fmt: skip
+        return self.completer
+
     def start_load(self) -> Ticket:
-        if self.worker is None:
-            self.worker = ModelWorker(asyncio.get_running_loop(), self.log, self.launch.step_delay)
+        assert isinstance(self.completer, LocalCompleter)
         spec = ModelSpec(self.settings.model, self.launch.device, self.launch.dtype, self.launch.threads)
-        self._load_ticket = ticket = self.worker.load(spec, self._on_load_report)
+        self._load_ticket = ticket = self.completer.load(spec, self._on_load_report)
         loop = asyncio.get_running_loop()
         ticket.future.add_done_callback(lambda f: loop.call_soon_threadsafe(self._on_loaded, f, spec))
         return ticket
@@ -300,19 +339,15 @@ class LladaServer(LanguageServer):
         self.work_done_progress.begin(token, begin)
         await asyncio.wait([asyncio.wrap_future(ticket.future)])
         self._load_token = None
-        self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=self.worker.state if self.worker else ""))
+        state = self.completer.status()["state"] if self.completer else ""
+        self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=state))
 
     def status(self) -> dict[str, Any]:
-        worker = self.worker
-        out = {
-            "model": worker.spec.name if worker else ModelSpec(self.settings.model).name,
-            "state": worker.state if worker else "loading",
-            "inlineMode": self.settings.inline_mode,
-            "rewriteMode": self.settings.rewrite_mode,
-        }
-        if worker and worker.error:
-            out["error"] = worker.error
-        return out
+        if self.completer is not None:
+            out = self.completer.status()
+        else:
+            out = {"engine": self.launch.engine, "model": ModelSpec(self.settings.model).name, "state": "loading"}
+        return {**out, "inlineMode": self.settings.inline_mode, "rewriteMode": self.settings.rewrite_mode}
 
     # --- documents and positions ----------------------------------------------------------------
     @property
@@ -359,8 +394,7 @@ class LladaServer(LanguageServer):
         s, request_id = self.settings, self.protocol.msg_id
         job = Infill(doc.text, offset, s.inline_mode, s.max_completion_tokens, s.context_tokens)
         send = self._draft_sender(doc, request_id, at) if self.drafts else None
-        label = f"{method} {request_id}"
-        outcome = await self.run_job(doc.uri, label, lambda model, t: run_infill(model, job, t, t.emit), send)
+        outcome = await self.run_job(doc.uri, f"{method} {request_id}", job, send)
         if send is not None:
             send(outcome.steps, outcome.text, final=True)
         return outcome.text
@@ -376,18 +410,11 @@ class LladaServer(LanguageServer):
 
         return send
 
-    async def run_job(self, key: str, label: str, job: Callable, on_draft: Callable | None = None) -> Outcome:
-        if self.worker is None:
-            raise JsonRpcException("llada: the server is not initialized", code=REQUEST_FAILED)
-        ticket = self.worker.submit(key, label, job, on_draft)
+    async def run_job(self, key: str, label: str, job: Infill | Rewrite, on_draft: Callable | None = None) -> Outcome:
+        completer = await self.completer_for_request()
         try:
-            return await asyncio.wrap_future(ticket.future)
-        except asyncio.CancelledError:  # $/cancelRequest, a newer request, or shutdown
-            ticket.cancel()
-            raise
-        except ModelUnavailable as err:
-            raise JsonRpcException(f"llada: no model: {err}", code=REQUEST_FAILED) from None
-        except (SelectionTooLong, InstructionUnsupported) as err:
+            return await completer.run(key, label, job, on_draft)
+        except CompletionFailed as err:
             raise JsonRpcException(f"llada: {err}", code=REQUEST_FAILED) from None
 
     async def apply_rewrite(self, arg: "RewriteArgument", target: types.Range, text: str) -> dict[str, Any]:
@@ -415,11 +442,11 @@ class LladaServer(LanguageServer):
 
 
 # --- handlers ---------------------------------------------------------------------------------------
-def initialize(ls: LladaServer, params: types.InitializeParams) -> None:
+async def initialize(ls: LladaServer, params: types.InitializeParams) -> None:
     experimental = params.capabilities.experimental
     ls.drafts = isinstance(experimental, dict) and experimental.get("lladaDrafts") is True
     ls.configure(params.initialization_options)
-    ls.start_load()
+    await ls.start_engine()
 
 
 async def initialized(ls: LladaServer, params: types.InitializedParams) -> None:
@@ -506,8 +533,7 @@ async def rewrite_selection(ls: LladaServer, params: types.ExecuteCommandParams)
     job = Rewrite(doc.text, start, end, ls.settings.rewrite_mode, ls.settings.context_tokens, arg.instruction,
                   is_python(doc.language, doc.uri))  # fmt: skip
     with WorkDone(ls, params.work_done_token, "llada: rewriting the selection") as progress:
-        outcome = await ls.run_job(f"rewrite:{arg.uri}", f"rewrite {ls.protocol.msg_id}",
-                                   lambda m, t: run_rewrite(m, job, t, t.emit), progress.step)  # fmt: skip
+        outcome = await ls.run_job(f"rewrite:{arg.uri}", f"rewrite {ls.protocol.msg_id}", job, progress.step)
     if outcome.stopped in ("unchanged", "refused"):  # nothing to apply: the client is told why
         ls.log(f"rewrite of {arg.uri} not applied: {outcome.reason}", types.MessageType.Info)
         return {"applied": False, "changed": outcome.stopped != "unchanged", "text": outcome.text, "reason": outcome.reason}
@@ -541,13 +567,13 @@ def status(ls: LladaServer, params: types.ExecuteCommandParams) -> dict[str, Any
 def shutdown(ls: LladaServer, params: None) -> None:
     """Answers at once: a step in flight is cancelled, not waited for."""
     ls.shutdown_requested = True
-    if ls.worker is not None:
-        ls.worker.stop(timeout=0)
+    if ls.completer is not None:
+        ls.completer.stop()
 
 
 def exit_(ls: LladaServer, params: None) -> None:
-    if ls.worker is not None:
-        ls.worker.stop(timeout=0)
+    if ls.completer is not None:
+        ls.completer.stop()
 
 
 def create_server(launch: Launch) -> LladaServer:
@@ -585,6 +611,11 @@ def parser() -> argparse.ArgumentParser:
                     help="decoding preset of rewrites (default: quality)")  # fmt: skip
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                     help="CPU threads of the model (default: half the cores, the rest left to the editor)")  # fmt: skip
+    ap.add_argument("--engine", default="auto", metavar="auto|local|unix:PATH|tcp://HOST:PORT",
+                    help="where the model runs: an engine service (`llada-lsp engine`) at an address, `local` (in this "
+                    "process), or `auto` (default): the service at the default socket if one answers, else local. "
+                    "With a service, --model/--device/--dtype/--threads are the service's own")  # fmt: skip
+    ap.add_argument("--token-file", metavar="PATH", help="the token of an engine service on TCP (a file only you can read)")
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                     help="what the server logs on stderr (default: warning)")  # fmt: skip
     return ap
@@ -596,7 +627,16 @@ def serve_main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format=log_format)
     defaults = Settings(model=args.model, inline_mode=args.inline_mode, rewrite_mode=args.rewrite_mode)
     step_delay = float(os.environ.get("LLADA_LSP_TEST_STEP_DELAY_MS", "0") or 0) / 1000
-    ls = create_server(Launch(defaults, args.device, args.dtype, max(1, args.threads), step_delay))
+    token = None
+    try:
+        if args.engine not in ("auto", "local"):
+            parse_address(args.engine)
+        if args.token_file:
+            token = read_token(args.token_file)
+    except (ValueError, OSError) as err:
+        parser().error(str(err))
+    launch = Launch(defaults, args.device, args.dtype, max(1, args.threads), step_delay, args.engine, token)
+    ls = create_server(launch)
     if args.tcp:
         host, _, port = args.tcp.rpartition(":")
         if not port.isdigit():
@@ -604,6 +644,6 @@ def serve_main(argv: list[str] | None = None) -> int:
         ls.start_tcp(host or "127.0.0.1", int(port))
     else:
         ls.start_io()
-    if ls.worker is not None:
-        ls.worker.stop()
+    if isinstance(ls.completer, LocalCompleter):
+        ls.completer.worker.stop()
     return 0 if ls.shutdown_requested else 1

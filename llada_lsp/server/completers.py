@@ -1,0 +1,154 @@
+"""Where the LSP front's completions come from: the model in this process (`LocalCompleter`, on the
+model thread) or an engine service over a socket (`RemoteCompleter`), behind one small interface:
+`run(key, label, job, on_draft) -> Outcome`, `cancel_key`, `status`, `stop`.
+
+Knows jobs as plain values (jobs.Infill / jobs.Rewrite) and the wire protocol; nothing of pygls. A
+remote completer imports no torch: a front connected to a service never loads the model's libraries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable
+
+from .. import wire
+from ..service.client import EngineClient, EngineFailure
+from .jobs import CHARS_PER_TOKEN, Infill, ModelSpec, Outcome, Rewrite, run_infill, run_rewrite, window
+from .worker import ModelUnavailable, ModelWorker, Ticket
+
+Job = Infill | Rewrite
+DraftCallback = Callable[[int, Any], None]
+
+
+class CompletionFailed(Exception):
+    """A request the completer could not serve; the message is for the user."""
+
+
+class LocalCompleter:
+    """The model in this process, on a ModelWorker thread."""
+
+    address = "local"
+
+    def __init__(self, worker: ModelWorker):
+        self.worker = worker
+
+    def load(self, spec: ModelSpec, report: Callable[[str, int], None]) -> Ticket:
+        return self.worker.load(spec, report)
+
+    async def run(self, key: str, label: str, job: Job, on_draft: DraftCallback | None) -> Outcome:
+        pipeline = run_infill if isinstance(job, Infill) else run_rewrite
+        ticket = self.worker.submit(key, label, lambda model, t: pipeline(model, job, t, t.emit), on_draft)
+        try:
+            return await asyncio.wrap_future(ticket.future)
+        except asyncio.CancelledError:  # $/cancelRequest, a newer request, or shutdown
+            ticket.cancel()
+            raise
+        except ModelUnavailable as err:
+            raise CompletionFailed(f"no model: {err}") from None
+        except ValueError as err:  # SelectionTooLong, InstructionUnsupported: said to the user as they are
+            raise CompletionFailed(str(err)) from None
+
+    def cancel_key(self, key: str) -> None:
+        self.worker.cancel_key(key)
+
+    def status(self) -> dict[str, Any]:
+        out = {"engine": "local", "model": self.worker.spec.name, "state": self.worker.state}
+        if self.worker.error:
+            out["error"] = self.worker.error
+        return out
+
+    def stop(self) -> None:
+        self.worker.stop(timeout=0)
+
+
+class RemoteCompleter:
+    """An engine service: requests go over the socket as text windows; supersede and cancel are keyed
+    per connection by the service. A dropped connection fails what was in flight and is made again
+    on the next request (at most once a second)."""
+
+    RETRY_SECONDS = 1.0
+
+    def __init__(self, client: EngineClient, address: str, token: str | None, log: Callable[[str], None]):
+        self.client, self.address, self.token, self.log = client, address, token, log
+        self._last: wire.Status | None = None
+        self._tried = 0.0
+        self._keys: dict[str, asyncio.Task] = {}
+        client.on_status = self._on_status
+
+    @classmethod
+    async def connect(cls, address: str | None, token: str | None, log: Callable[[str], None]) -> "RemoteCompleter":
+        """Raises EngineFailure when nothing answers or the service refuses the hello."""
+        client = await EngineClient.connect(address, "llada-lsp", token)
+        return cls(client, address or "default socket", token, log)
+
+    def _on_status(self, status: wire.Status) -> None:
+        self._last = status
+
+    async def _connected(self) -> EngineClient:
+        if self.client.gone is None:
+            return self.client
+        if time.monotonic() - self._tried < self.RETRY_SECONDS:
+            raise CompletionFailed(f"the engine service at {self.address} is unavailable: {self.client.gone.message}")
+        self._tried = time.monotonic()
+        try:
+            client = await EngineClient.connect(None if self.address == "default socket" else self.address,
+                                                "llada-lsp", self.token, on_status=self._on_status)  # fmt: skip
+        except EngineFailure as err:
+            raise CompletionFailed(f"the engine service at {self.address} is unavailable: {err.message}") from None
+        self.log(f"reconnected to the engine service at {self.address}")
+        self.client, self._last = client, None
+        return client
+
+    async def run(self, key: str, label: str, job: Job, on_draft: DraftCallback | None) -> Outcome:
+        client = await self._connected()
+        previous = self._keys.get(key)
+        if previous is not None and not previous.done():
+            previous.cancel()  # as the local worker does: the newer request supersedes
+        self._keys[key] = asyncio.current_task()
+        request = _message(client.next_id(), key, job, on_draft is not None)
+        draft = None if on_draft is None else (lambda step, text: on_draft(step, text) if text or isinstance(job, Rewrite) else None)
+        try:
+            if isinstance(request, wire.Infill):
+                done = await client.infill(request, draft)
+            else:
+                done = await client.rewrite(request, draft)
+        except EngineFailure as err:
+            if err.kind == "cancelled":  # superseded by the same key, from another path
+                raise asyncio.CancelledError() from None
+            raise CompletionFailed(err.message if err.kind != "engine_gone" else
+                                   f"the engine service at {self.address} is gone: {err.message}") from None  # fmt: skip
+        finally:
+            if self._keys.get(key) is asyncio.current_task():
+                del self._keys[key]
+        return Outcome(done.text, done.steps, done.seconds, done.stopped, done.reason)
+
+    def cancel_key(self, key: str) -> None:
+        task = self._keys.pop(key, None)
+        if task is not None:
+            task.cancel()  # the client sends `cancel` for the request the task awaits
+
+    def status(self) -> dict[str, Any]:
+        welcome, last = self.client.welcome, self._last
+        out = {"engine": self.address, "model": (last and last.model) or welcome.model,
+               "state": "unavailable" if self.client.gone else ((last and last.state) or welcome.state)}  # fmt: skip
+        error = (last and last.error) or (self.client.gone and self.client.gone.message)
+        if error:
+            out["error"] = error
+        return out
+
+    def stop(self) -> None:
+        for task in self._keys.values():
+            task.cancel()
+        asyncio.ensure_future(self.client.close())
+
+
+def _message(request_id: int, key: str, job: Job, drafts: bool) -> wire.Infill | wire.Rewrite:
+    """The window of the document that the service's pipeline needs, cut as the pipeline cuts it."""
+    chars = job.context_tokens * CHARS_PER_TOKEN
+    if isinstance(job, Infill):
+        before, after = window(job.text, job.cursor, job.cursor, chars)
+        return wire.Infill(request_id, key, before, after, job.mode, job.max_tokens, job.context_tokens, drafts)
+    before, after = window(job.text, job.start, job.end, chars)
+    return wire.Rewrite(request_id, key, before, job.text[job.start : job.end], after, job.mode, job.context_tokens,
+                        job.instruction, job.python, drafts)  # fmt: skip

@@ -1,0 +1,224 @@
+"""The engine protocol: what an LSP front and the engine service say to each other, and how it is
+framed. Both sides import this module; it imports only the standard library and msgpack.
+
+A frame is a 4-byte big-endian length and that many bytes of one msgpack map with a string `type`.
+Frames over `MAX_FRAME` bytes are refused before they are read. Every field is checked against its
+annotation: a frame with a missing, unknown or mistyped field is a WireError (a broken peer), which
+the service answers by closing that connection. The first frame a client sends is `hello`; the
+service answers `welcome`, or `failed` and closes. Versioned by `VERSION`: a service refuses a hello
+of another version; `hello` alone tolerates unknown fields, so that a newer client is told its
+version is wrong instead of its frame.
+
+Client to service: hello, infill, rewrite, cancel, status. Service to client: welcome, draft, done,
+failed, status. Fields are documented with each message class below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import types
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
+
+import msgpack
+
+VERSION = 1
+MAX_FRAME = 16 * 2**20  # a 2 MB document's window is far smaller; anything this big is a broken peer
+_HEADER = struct.Struct(">I")
+
+
+class WireError(ValueError):
+    """A frame that cannot be taken: too large, not msgpack, not a known message, a missing field."""
+
+
+@dataclass(frozen=True)
+class Message:
+    type: ClassVar[str]
+    open: ClassVar[bool] = False  # unknown fields are dropped instead of refused (hello only)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The frame's map; an optional field at its None default is left out (a required None, as
+        a connection-level Failed's id, is kept)."""
+        absent = {f.name for f in fields(self) if f.default is None and getattr(self, f.name) is None}
+        return {"type": self.type, **{k: v for k, v in asdict(self).items() if k not in absent}}
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    type: ClassVar[str] = "hello"
+    open: ClassVar[bool] = True
+    version: int
+    client: str  # who is speaking, for the service's log and status
+    token: str | None = None  # required by a service that listens on TCP
+
+
+@dataclass(frozen=True)
+class Welcome(Message):
+    type: ClassVar[str] = "welcome"
+    version: int
+    model: str
+    state: str  # "loading" | "ready" | "error"
+    modes: list[str] = field(default_factory=list)  # the engine's decoding presets
+    # max_frame always; max_positions and block_size once a model is ready
+    limits: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Infill(Message):
+    """An inline completion at the cursor of `before + after` (the window the front cut around it)."""
+
+    type: ClassVar[str] = "infill"
+    id: int
+    key: str  # a newer request with the same key (per connection) supersedes this one
+    before: str
+    after: str
+    mode: str
+    max_tokens: int
+    context_tokens: int
+    drafts: bool = False  # send a `draft` frame per denoising step
+
+
+@dataclass(frozen=True)
+class Rewrite(Message):
+    type: ClassVar[str] = "rewrite"
+    id: int
+    key: str
+    before: str
+    selection: str
+    after: str
+    mode: str
+    context_tokens: int
+    instruction: str | None = None
+    python: bool = False  # parse-checked with ast; other languages are held to their brackets and quotes
+    drafts: bool = False  # send a `draft` frame per denoising step, with empty text (progress only)
+
+
+@dataclass(frozen=True)
+class Cancel(Message):
+    """Cancels a request of this connection; the engine stops it within one denoising step. An id
+    that is not in flight (already answered, unknown) is ignored."""
+
+    type: ClassVar[str] = "cancel"
+    id: int
+
+
+@dataclass(frozen=True)
+class Draft(Message):
+    """The text generated so far (infill: post-processed, sent when it changed; rewrite: empty)."""
+
+    type: ClassVar[str] = "draft"
+    id: int
+    step: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Done(Message):
+    type: ClassVar[str] = "done"
+    id: int
+    text: str
+    steps: int
+    seconds: float
+    stopped: str  # as jobs.Outcome.stopped, but never "cancelled": a cancelled request answers `failed`
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Failed(Message):
+    type: ClassVar[str] = "failed"
+    id: int | None  # None: about the connection (a bad hello), not one request
+    # "cancelled" (a cancel, a newer request with the same key) | "no_model" | "too_long" | "unsupported"
+    # | "busy" | "bad_request" | "version" | "auth" | "internal"
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Status(Message):
+    """Pushed by the service on load progress and every change of state; asked for by a client with
+    no fields, and answered with all it knows."""
+
+    type: ClassVar[str] = "status"
+    state: str | None = None  # "loading" | "ready" | "error"
+    model: str | None = None
+    progress: int | None = None  # percent, while loading
+    message: str | None = None  # what the load is doing ("reading the tokenizer")
+    error: str | None = None
+    clients: int | None = None  # connections that said hello
+    queue: int | None = None  # requests in flight, all connections together
+
+
+MESSAGES: dict[str, type[Message]] = {m.type: m for m in (Hello, Welcome, Infill, Rewrite, Cancel, Draft, Done, Failed, Status)}
+_HINTS = {cls: {f.name: get_type_hints(cls)[f.name] for f in fields(cls)} for cls in MESSAGES.values()}
+
+
+def encode(message: Message) -> bytes:
+    body = msgpack.packb(message.to_dict(), use_bin_type=True)
+    if len(body) > MAX_FRAME:
+        raise WireError(f"a {message.type} frame of {len(body)} bytes is over the {MAX_FRAME}-byte limit")
+    return _HEADER.pack(len(body)) + body
+
+
+def decode(body: bytes) -> Message:
+    """One frame's body -> its message; WireError for anything else."""
+    try:
+        data = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except Exception as err:  # msgpack raises several unrelated types for bad input
+        raise WireError(f"not a msgpack frame: {err}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("type"), str):
+        raise WireError("a frame must be a map with a string 'type'")
+    kind = data.pop("type")
+    cls = MESSAGES.get(kind)
+    if cls is None:
+        raise WireError(f"unknown message type {kind[:40]!r}")
+    hints = _HINTS[cls]
+    unknown = [repr(name) for name in data if name not in hints]
+    if unknown and not cls.open:
+        raise WireError(f"{cls.type}: unknown fields {', '.join(sorted(unknown))}")
+    data = {name: value for name, value in data.items() if name in hints}
+    for name, value in data.items():
+        if not _conforms(value, hints[name]):
+            raise WireError(f"{cls.type}: {name} must be {hints[name]}, not {type(value).__name__}")
+    try:
+        return cls(**data)
+    except TypeError as err:  # a required field is missing
+        raise WireError(f"{cls.type}: {err}") from None
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """Whether a decoded msgpack value fits a field's annotation (the few shapes messages use)."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType):
+        return any(_conforms(value, arg) for arg in args)
+    if origin is list:
+        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
+    if origin is dict:
+        items = value.items() if isinstance(value, dict) else None
+        return items is not None and all(_conforms(k, args[0]) and _conforms(v, args[1]) for k, v in items)
+    if hint is type(None):
+        return value is None
+    if isinstance(value, bool):  # a bool is an int to Python, never to the protocol
+        return hint is bool
+    if hint is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, hint)
+
+
+async def read(reader: asyncio.StreamReader, max_frame: int = MAX_FRAME) -> Message | None:
+    """The next message, or None at a clean end of stream; WireError for a bad or oversized frame
+    (its body is never read), asyncio.IncompleteReadError for a stream cut inside a frame."""
+    try:
+        header = await reader.readexactly(_HEADER.size)
+    except asyncio.IncompleteReadError as err:
+        if not err.partial:
+            return None
+        raise
+    (size,) = _HEADER.unpack(header)
+    if size > max_frame:
+        raise WireError(f"a frame of {size} bytes is over the {max_frame}-byte limit")
+    return decode(await reader.readexactly(size))
+
+
+def write(writer: asyncio.StreamWriter, message: Message) -> None:
+    writer.write(encode(message))

@@ -1,0 +1,122 @@
+"""One engine for every editor: `llada-lsp engine` on a Unix socket, and two `llada-lsp` fronts over
+stdio (real processes, as two editors start them) that use it. Both get inline completions and
+drafts, a rewrite is applied, the service loaded the model once, and the fronts never load torch."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from lsprotocol import types as t
+from pygls.lsp.client import LanguageClient
+
+pytestmark = pytest.mark.slow
+
+SOURCE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\nprint(add(1, 2))\n"
+
+
+@pytest.fixture
+def service():
+    folder = tempfile.mkdtemp(prefix="ll")  # a Unix socket path must be short
+    socket = os.path.join(folder, "engine.sock")
+    log = open(os.path.join(folder, "engine.log"), "w+")
+    process = subprocess.Popen([sys.executable, "-m", "llada_lsp", "engine", "--listen", f"unix:{socket}",
+                                "--threads", "1", "--log-level", "info"], stderr=log)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while "load embedded: done" not in Path(log.name).read_text():
+        assert process.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()
+        time.sleep(0.2)
+    yield socket, log.name
+    process.terminate()
+    assert process.wait(timeout=30) == 0
+    assert not os.path.exists(socket), "the service removes its socket when it stops"
+    log.close()
+
+
+class Front:
+    """An editor's view of one `llada-lsp` front: its process, drafts and applied edits."""
+
+    def __init__(self, socket: str):
+        self.socket = socket
+        self.client = LanguageClient("e2e", "1")
+        self.drafts: list = []
+        self.edits: list = []
+        self.client.feature("llada/draft")(lambda params: self.drafts.append(params))
+        self.client.feature(t.WORKSPACE_APPLY_EDIT)(lambda params: self._apply(params))
+
+    def _apply(self, params):
+        self.edits.append(params)
+        return t.ApplyWorkspaceEditResult(applied=True)
+
+    async def start(self) -> None:
+        await self.client.start_io(sys.executable, "-m", "llada_lsp", "--engine", f"unix:{self.socket}")
+        capabilities = t.ClientCapabilities(experimental={"lladaDrafts": True},
+                                            workspace=t.WorkspaceClientCapabilities(apply_edit=True))  # fmt: skip
+        await self.client.initialize_async(t.InitializeParams(capabilities=capabilities))
+        self.client.initialized(t.InitializedParams())
+
+    @property
+    def pid(self) -> int:
+        return self.client._server.pid
+
+    async def stop(self) -> None:
+        await asyncio.wait_for(self.client.shutdown_async(None), 30)
+        self.client.exit(None)
+        await self.client.stop()
+
+
+async def test_two_fronts_share_one_engine(service):
+    socket, log = service
+    fronts = [Front(socket), Front(socket)]
+    for front in fronts:
+        await front.start()
+    try:
+        for i, front in enumerate(fronts):
+            status = await front.client.workspace_execute_command_async(t.ExecuteCommandParams("llada.status"))
+            assert status["engine"] == f"unix:{socket}" and status["state"] == "ready", status
+            uri = f"file:///tmp/e2e/front{i}.py"
+            item = t.TextDocumentItem(uri, "python", 1, "def average(values):\n    return sum\n")
+            front.client.text_document_did_open(t.DidOpenTextDocumentParams(item))
+        # Both ask at once: the service keys their requests apart, so neither supersedes the other.
+        asks = [
+            front.client.text_document_inline_completion_async(t.InlineCompletionParams(
+                text_document=t.TextDocumentIdentifier(f"file:///tmp/e2e/front{i}.py"), position=t.Position(1, 14),
+                context=t.InlineCompletionContext(t.InlineCompletionTriggerKind.Invoked)))
+            for i, front in enumerate(fronts)
+        ]  # fmt: skip
+        answers = await asyncio.wait_for(asyncio.gather(*asks), 120)
+        for front, answer in zip(fronts, answers):
+            assert answer.items and answer.items[0].insert_text == "(values)"
+            assert front.drafts and front.drafts[-1].final and front.drafts[-1].text == "(values)"
+        # A rewrite through the service, applied by the editor with the document's version.
+        front = fronts[0]
+        uri = "file:///tmp/e2e/calc.py"
+        front.client.text_document_did_open(t.DidOpenTextDocumentParams(t.TextDocumentItem(uri, "python", 1, SOURCE)))
+        argument = {"textDocument": {"uri": uri, "version": 1},
+                    "range": {"start": {"line": 5, "character": 0}, "end": {"line": 6, "character": 0}}}  # fmt: skip
+        result = await front.client.workspace_execute_command_async(
+            t.ExecuteCommandParams("llada.rewriteSelection", [argument]))  # fmt: skip
+        assert result == {"applied": True, "changed": True, "text": "    return a + b\n"}
+        assert len(front.edits) == 1
+        # The fronts never loaded the model's libraries; the service loaded the model once.
+        for front in fronts:
+            maps = Path(f"/proc/{front.pid}/maps").read_text()
+            assert "libtorch" not in maps and "torch/lib" not in maps
+        assert Path(log).read_text().count("load embedded: done") == 1
+    finally:
+        for front in fronts:
+            await front.stop()
+
+
+async def test_a_front_falls_back_to_its_own_model_when_no_service_answers(tmp_path):
+    """`auto` with nothing at the default socket: the model runs in the front, as out of the box."""
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}  # an empty default socket folder
+    p = subprocess.run([sys.executable, "-m", "llada_lsp", "complete", "examples/hello.py:12:15"], env=env,
+                       capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert p.returncode == 0 and p.stdout == "(values)\n", p.stderr
