@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable
 
 from .. import wire
+from ..errors import Refused
 from ..service.client import EngineClient, EngineFailure
 from .jobs import CHARS_PER_TOKEN, Infill, ModelSpec, Outcome, Rewrite, run_infill, run_rewrite, window
 from .worker import ModelUnavailable, ModelWorker, Ticket
@@ -46,7 +47,7 @@ class LocalCompleter:
             raise
         except ModelUnavailable as err:
             raise CompletionFailed(f"no model: {err}") from None
-        except ValueError as err:  # SelectionTooLong, InstructionUnsupported: said to the user as they are
+        except Refused as err:  # SelectionTooLong, InstructionUnsupported: said to the user as they are
             raise CompletionFailed(str(err)) from None
 
     def cancel_key(self, key: str) -> None:

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, Refused
 from .postprocess import Cursor, bound_rewrite, finish, strip_special, unfence
 from .prompt import CHARS_PER_TOKEN, Healed, TextCodec, heal, infill_prompt, rewrite_prompt
 from .syntax import check_rewrite
@@ -79,7 +79,7 @@ class Outcome:
     reason: str = ""
 
 
-class InstructionUnsupported(ValueError):
+class InstructionUnsupported(Refused):
     """A rewrite instruction given to a model that cannot follow one (a fill-in-the-middle model)."""
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from ..errors import Refused
 from ..prompting import SpecialIds, chat_infill_prompt, fim_ids
 
 QUANTUM = 32  # the cursor line's share of the prefix grows in steps of (at most) one block, so its start stays put
@@ -95,8 +96,8 @@ class RewritePrompt:
     gen_length: int  # the selection plus room to grow
 
 
-class SelectionTooLong(ValueError):
-    pass
+class SelectionTooLong(Refused):
+    """A selection longer than the model can rewrite."""
 
 
 def infill_prompt(before: str, after: str, codec: TextCodec, budget: int,

@@ -15,7 +15,7 @@ import time
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, Refused
 from .jobs import LoadedModel, ModelSpec, load
 
 logger = logging.getLogger(__name__)
@@ -168,6 +168,9 @@ class ModelWorker:
             return
         try:
             ticket.resolve(ticket.job(self.model, ticket))
+        except Refused as err:  # expected: the user is told why
+            logger.info("%s refused: %s", ticket.label, err)
+            ticket.resolve(error=err)
         except Exception as err:  # a failed job answers its request; the thread serves the next one
             logger.exception("%s failed", ticket.label)
             ticket.resolve(error=err)

@@ -45,7 +45,7 @@ Job = Callable[[LoadedModel, Ticket], Outcome]
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
-class Refused(Exception):
+class Rejected(Exception):
     """Ends a connection: sent as `failed{id: None, kind, message}` before it closes."""
 
     def __init__(self, kind: str, message: str):
@@ -138,8 +138,8 @@ class EngineService:
             name = session.name
             while (message := await wire.read(reader)) is not None:
                 self._dispatch(session, message)
-        except (Refused, wire.WireError) as err:
-            kind = err.kind if isinstance(err, Refused) else "bad_request"
+        except (Rejected, wire.WireError) as err:
+            kind = err.kind if isinstance(err, Rejected) else "bad_request"
             reason, level = f"refused ({kind}): {err}", logging.WARNING
             if not writer.is_closing():
                 wire.write(writer, wire.Failed(None, kind, str(err)))
@@ -161,12 +161,12 @@ class EngineService:
         if hello is None:
             raise ConnectionResetError("closed before hello")
         if not isinstance(hello, wire.Hello):
-            raise Refused("bad_request", f"the first frame must be hello, not {hello.type}")
+            raise Rejected("bad_request", f"the first frame must be hello, not {hello.type}")
         # The token first, in constant time: a peer without it learns nothing, not even the version.
         if self.token is not None and not hmac.compare_digest((hello.token or "").encode(), self.token.encode()):
-            raise Refused("auth", "wrong or missing token")
+            raise Rejected("auth", "wrong or missing token")
         if hello.version != wire.VERSION:
-            raise Refused("version", f"this engine speaks protocol version {wire.VERSION}, the client {hello.version}")
+            raise Rejected("version", f"this engine speaks protocol version {wire.VERSION}, the client {hello.version}")
         session = Session(next(self._ids), hello.client[:80] or "client", writer)
         self.sessions[session.id] = session
         worker = self.worker
