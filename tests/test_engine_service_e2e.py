@@ -21,22 +21,29 @@ pytestmark = pytest.mark.slow
 SOURCE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\nprint(add(1, 2))\n"
 
 
+def start_service(socket: str, log_path: str, env: dict | None = None) -> subprocess.Popen:
+    """`llada-lsp engine` on `socket`, returned once its model is loaded (its log may be shared)."""
+    loads = lambda: Path(log_path).read_text().count("load embedded: done") if os.path.exists(log_path) else 0  # noqa: E731
+    before = loads()
+    with open(log_path, "a") as log:
+        process = subprocess.Popen([sys.executable, "-m", "llada_lsp", "engine", "--listen", f"unix:{socket}",
+                                    "--threads", "1", "--log-level", "info"], stderr=log, env=env)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while loads() == before:
+        assert process.poll() is None and time.monotonic() < deadline, Path(log_path).read_text()
+        time.sleep(0.2)
+    return process
+
+
 @pytest.fixture
 def service():
     folder = tempfile.mkdtemp(prefix="ll")  # a Unix socket path must be short
-    socket = os.path.join(folder, "engine.sock")
-    log = open(os.path.join(folder, "engine.log"), "w+")
-    process = subprocess.Popen([sys.executable, "-m", "llada_lsp", "engine", "--listen", f"unix:{socket}",
-                                "--threads", "1", "--log-level", "info"], stderr=log)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while "load embedded: done" not in Path(log.name).read_text():
-        assert process.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()
-        time.sleep(0.2)
-    yield socket, log.name
+    socket, log = os.path.join(folder, "engine.sock"), os.path.join(folder, "engine.log")
+    process = start_service(socket, log)
+    yield socket, log
     process.terminate()
     assert process.wait(timeout=30) == 0
     assert not os.path.exists(socket), "the service removes its socket when it stops"
-    log.close()
 
 
 class Front:
@@ -120,3 +127,42 @@ async def test_a_front_falls_back_to_its_own_model_when_no_service_answers(tmp_p
     p = subprocess.run([sys.executable, "-m", "llada_lsp", "complete", "examples/hello.py:12:15"], env=env,
                        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
     assert p.returncode == 0 and p.stdout == "(values)\n", p.stderr
+
+
+async def test_the_front_survives_its_service_going_away(tmp_path):
+    """The service killed mid-request: the request answers an error within 5 s, the status says the
+    engine is unavailable, and once a service is back on the socket the front serves again."""
+    folder = tempfile.mkdtemp(prefix="ll")
+    socket, log = os.path.join(folder, "engine.sock"), os.path.join(folder, "engine.log")
+    slow = {**os.environ, "LLADA_LSP_TEST_STEP_DELAY_MS": "3000"}
+    process = start_service(socket, log, slow)
+    front = Front(socket)
+    await front.start()
+    try:
+        uri = "file:///tmp/e2e/gone.py"
+        item = t.TextDocumentItem(uri, "python", 1, "def average(values):\n    return sum\n")
+        front.client.text_document_did_open(t.DidOpenTextDocumentParams(item))
+        params = t.InlineCompletionParams(text_document=t.TextDocumentIdentifier(uri), position=t.Position(1, 14),
+                                          context=t.InlineCompletionContext(t.InlineCompletionTriggerKind.Invoked))
+        asked = asyncio.ensure_future(front.client.text_document_inline_completion_async(params))
+        await asyncio.sleep(2)  # the request is inside its first (3 s) step
+        process.kill()
+        killed = time.monotonic()
+        with pytest.raises(Exception) as failure:
+            await asyncio.wait_for(asked, 30)
+        assert time.monotonic() - killed < 5
+        assert "engine service" in str(failure.value) and "gone" in str(failure.value)
+        status = await front.client.workspace_execute_command_async(t.ExecuteCommandParams("llada.status"))
+        assert status["state"] == "unavailable" and status["engine"] == f"unix:{socket}"
+        process.wait(timeout=10)
+
+        process = start_service(socket, log)  # a new service on the leftover socket
+        await asyncio.sleep(1.1)  # reconnection is tried at most once a second
+        answer = await asyncio.wait_for(front.client.text_document_inline_completion_async(params), 60)
+        assert answer.items and answer.items[0].insert_text == "(values)"
+        status = await front.client.workspace_execute_command_async(t.ExecuteCommandParams("llada.status"))
+        assert status["state"] == "ready"
+    finally:
+        await front.stop()
+        process.terminate()
+        process.wait(timeout=30)
