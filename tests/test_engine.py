@@ -11,6 +11,17 @@ import torch
 from llada_lsp import Engine, load_model
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread (two spin against each other on a busy machine); restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def model(golden_dir):
     return load_model(golden_dir, dtype="float64")
@@ -28,13 +39,33 @@ def test_reused_prompt_blocks_give_identical_results(model):
     assert (again.tokens, again.steps) == (fresh.tokens, fresh.steps)
 
 
-def test_changed_prompt_block_is_recomputed(model):
+@pytest.mark.parametrize("at, reused", [(0, 0), (40, 32)])
+def test_changed_prompt_block_is_recomputed(model, at, reused):
+    """An edit inside a block invalidates that whole block (its earlier positions attended to the
+    edited one), and everything after it; the blocks before it are reused."""
     engine = Engine(model)
     engine.generation(PROMPT, 40, "speed", mask_id=511, eos_id=508).run()
-    edited = [PROMPT[0] + 1] + PROMPT[1:]
+    edited = PROMPT[:at] + [PROMPT[at] + 1] + PROMPT[at + 1 :]
     r = engine.generation(edited, 40, "speed", mask_id=511, eos_id=508).run()
-    assert r.reused_tokens == 0 and r.prefill_forwards == 1
-    assert r.tokens == Engine(model).generation(edited, 40, "speed", mask_id=511, eos_id=508).run().tokens
+    assert r.reused_tokens == reused and r.prefill_forwards == 1
+    fresh = Engine(model).generation(edited, 40, "speed", mask_id=511, eos_id=508).run()
+    assert (r.tokens, r.steps) == (fresh.tokens, fresh.steps)
+
+
+def test_an_accepted_completion_reuses_only_final_blocks(model):
+    """The completion is accepted and the next request's prompt holds it. The last block's tokens
+    changed on its last step, so its cached K/V are those of older tokens: it is recomputed."""
+    engine = Engine(model)
+    ready = threading.Event()
+    ready.set()  # a request cancelled at once leaves a cache sized for 270 positions
+    engine.generation(PROMPT, 200, "speed", mask_id=511, eos_id=508, cancel=ready).run()
+    first = engine.generation(PROMPT[:64], 64, "speed", mask_id=511, eos_id=508).run()
+    assert len(first.tokens) == 64 and first.blocks[-1].last_forward_changed_tokens
+    accepted = PROMPT[:64] + first.tokens + [5]
+    again = engine.generation(accepted, 40, "speed", mask_id=511, eos_id=508).run()
+    assert again.reused_tokens == 96 and again.prefill_forwards == 1  # the prompt and the first block
+    fresh = Engine(model).generation(accepted, 40, "speed", mask_id=511, eos_id=508).run()
+    assert (again.tokens, again.steps) == (fresh.tokens, fresh.steps)
 
 
 class CountingCancel:
@@ -83,6 +114,48 @@ def test_dense_and_sparse_experts_agree(model):
         if hasattr(layer.mlp, "force"):
             layer.mlp.force = None
     assert (outs[0] - outs[1]).abs().max() < 1e-10
+
+
+def logits_row(probs: dict[int, float], V: int = 8) -> torch.Tensor:
+    """Float64 logits whose softmax gives exactly `probs` (other ids: probability 0)."""
+    row = torch.full((V,), float("-inf"), dtype=torch.float64)
+    for token, p in probs.items():
+        row[token] = torch.tensor(p, dtype=torch.float64).log()
+    return row
+
+
+def test_the_step_rule_at_its_boundaries():
+    """One step of the joint-threshold rule on hand-made confidences (mask id 7): thresholds are
+    strict, the fallback fills the single most confident mask, edits spare the prompt, a mask is never
+    written. Parity data never sit on a boundary; these do."""
+    from llada_lsp.engine.policy import JointThreshold
+
+    M = 7
+    rule = JointThreshold(threshold=0.5, editing_threshold=0.5)
+    tokens = torch.tensor([M, M, 3, 3, 4])
+    frozen = torch.tensor([False, False, False, False, True])
+    logits = torch.stack([
+        logits_row({1: 0.5, 2: 0.5}),  # mask at exactly the threshold: not filled
+        logits_row({2: 0.75, 1: 0.25}),  # mask above it: filled
+        logits_row({5: 0.5, 6: 0.5}),  # at exactly the editing threshold: not edited
+        logits_row({5: 0.75, 3: 0.25}),  # above it: edited
+        logits_row({6: 1.0}),  # a prompt position: never edited
+    ])  # fmt: skip
+    step = rule.step(tokens, logits, frozen, M)
+    assert step.tokens.tolist() == [M, 2, 3, 5, 4]
+    assert step.filled.tolist() == [False, True, False, False, False]
+    assert step.edited.tolist() == [False, False, False, True, False]
+
+    # No mask above the threshold: only the most confident mask is filled, whatever the filled
+    # positions' confidences. Confidence leaves the mask id out: {M: .8, 4: .12, 5: .08} is 0.6 for 4.
+    strict = JointThreshold(threshold=0.9, editing_threshold=0.9)
+    tokens = torch.tensor([M, 3, M, M])
+    logits = torch.stack([logits_row({1: 0.6, 2: 0.4}), logits_row({3: 1.0}), logits_row({2: 0.7, 1: 0.3}),
+                          logits_row({M: 0.8, 4: 0.12, 5: 0.08})])  # fmt: skip
+    step = strict.step(tokens, logits, torch.zeros(4, dtype=torch.bool), M)
+    assert step.filled.tolist() == [False, False, True, False] and step.tokens.tolist() == [M, 3, 2, M]
+    last = strict.step(torch.tensor([3, M]), logits[[1, 3]], torch.zeros(2, dtype=torch.bool), M)
+    assert last.tokens.tolist() == [3, 4], "a mask is never written: 4 is the best real token"
 
 
 def test_unknown_mode_is_refused(model):

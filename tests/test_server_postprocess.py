@@ -19,6 +19,13 @@ def test_mid_line_stops_at_the_end_of_the_line():
 def test_empty_line_block_ends_at_a_blank_line():
     done = finish("if a:\n        return b\n    return a\n\ndef other():\n", EMPTY, ended=False)
     assert (done.text, done.complete) == ("if a:\n        return b\n    return a", True)
+    done = finish("total = a\n\n    return total\n", EMPTY, ended=False)  # the same indent after the blank line
+    assert (done.text, done.complete) == ("total = a", True)
+
+
+def test_indentation_already_typed_is_not_inserted_again():
+    done = finish("    return a + b\n", EMPTY, ended=True)  # the model repeats the cursor line's indent
+    assert done.text == "return a + b"
 
 
 def test_empty_line_block_ends_at_a_dedent():

@@ -10,7 +10,7 @@ import pytest
 
 from llada_lsp.model import EMBEDDED_MODEL, load_tokenizer
 from llada_lsp.prompting import SpecialIds
-from llada_lsp.server.jobs import _window
+from llada_lsp.server.jobs import window
 from llada_lsp.server.prompt import SelectionTooLong, TextCodec, heal, infill_prompt, rewrite_prompt
 
 SOURCE = (Path(__file__).resolve().parents[1] / "llada_lsp" / "engine" / "decode.py").read_text()
@@ -78,7 +78,7 @@ def test_huge_document_is_cut_quickly(codec):
     huge = ("x = compute(1, 2, 3)  # filler\n" * 70_000)[: 2_000_000]
     cursor = len(huge) // 2
     started = time.perf_counter()
-    before, after = _window(huge, cursor, cursor, 1024 * 16)
+    before, after = window(huge, cursor, cursor, 1024 * 16)
     p = infill_prompt(before, after, codec, 1024)
     assert len(p.ids) <= 1024 and time.perf_counter() - started < 2.0
 
@@ -87,7 +87,9 @@ def test_rewrite_prompt_starts_from_the_selection(codec):
     selection = "def add(a, b):\n    return a + b\n"
     r = rewrite_prompt("import os\n\n", selection, "\nprint(add(1, 2))\n", codec, 256, 1024)
     assert r.init_ids == codec.encode(selection)
-    assert r.gen_length >= len(r.init_ids) + 8 and len(r.prompt.ids) + r.gen_length <= 256
+    # A little room to grow (a model given much fills it with the code that follows), all within the model.
+    assert len(r.init_ids) + 2 <= r.gen_length <= len(r.init_ids) * 9 // 8 + 2
+    assert len(r.prompt.ids) + r.gen_length <= 256
     with pytest.raises(SelectionTooLong):
         rewrite_prompt("", selection * 40, "", codec, 256, 1024)
 

@@ -39,6 +39,19 @@ def test_bad_values_fall_back_to_their_default_and_are_reported():
     assert any("maxCompletionTokens" in e and "1..512" in e for e in errors)
 
 
+def test_ranges_include_their_ends_and_nothing_past_them():
+    for key, name, lo, hi in (("maxCompletionTokens", "max_completion_tokens", 1, 512),
+                              ("contextTokens", "context_tokens", 64, 8192)):  # fmt: skip
+        for value in (lo, hi):
+            settings, errors = parse_settings({key: value}, DEFAULTS, DEFAULTS)
+            assert errors == [] and getattr(settings, name) == value, (key, value)
+        for value in (lo - 1, hi + 1):
+            settings, errors = parse_settings({key: value}, DEFAULTS, DEFAULTS)
+            assert settings == DEFAULTS and len(errors) == 1 and f"{lo}..{hi}" in errors[0], (key, value)
+    settings, errors = parse_settings({"maxCompletionTokens": True}, DEFAULTS, DEFAULTS)  # True == 1 in Python
+    assert settings == DEFAULTS and len(errors) == 1
+
+
 def test_a_null_model_is_the_default_model():
     launch = Settings(model="/from/the/command/line")
     settings, errors = parse_settings({"model": None}, Settings(model="/other"), launch)

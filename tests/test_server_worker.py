@@ -61,6 +61,7 @@ async def test_a_new_job_supersedes_the_running_one_with_the_same_key():
     first = worker.submit("doc", "first", stepping(1000, gate, started))
     await asyncio.to_thread(started.wait, 5)  # the first job is running
     other = worker.submit("other", "other", stepping(2))
+    assert not first.future.done() and not first.is_set(), "another key leaves it running"
     second = worker.submit("doc", "second", stepping(2))
     assert first.future.cancelled() and first.is_set()
     gate.set()
@@ -70,6 +71,48 @@ async def test_a_new_job_supersedes_the_running_one_with_the_same_key():
     await asyncio.sleep(0)  # the log lines were scheduled on the loop before the thread ended
     first_log = next(line for line in logs if line.startswith("first"))
     assert "cancelled" in first_log and ("(0 steps after" in first_log or "(1 steps after" in first_log)
+
+
+async def test_a_superseded_job_that_has_not_started_never_runs():
+    worker = await ready_worker([])
+    gate, started = threading.Event(), threading.Event()
+    busy = worker.submit("other", "busy", stepping(1, gate, started))
+    await asyncio.to_thread(started.wait, 5)  # the model thread is busy: what follows is queued
+    ran = []
+
+    def job(model, ticket):
+        ran.append(ticket.label)
+        return ticket.label
+
+    queued = worker.submit("doc", "queued", job)
+    latest = worker.submit("doc", "latest", job)
+    assert queued.future.cancelled() and not latest.future.done()
+    gate.set()
+    assert await asyncio.wrap_future(latest.future) == "latest"
+    assert await asyncio.wrap_future(busy.future) == ("model m", 1)
+    assert ran == ["latest"]
+    assert worker.stop()
+
+
+async def test_a_draft_is_dropped_when_the_cancel_arrives_before_it_is_delivered():
+    """The draft was handed to the loop, then the request was cancelled: the editor never sees it."""
+    worker = await ready_worker([])
+    emitted = threading.Event()
+    drafts = []
+
+    def job(model, ticket):
+        ticket.emit(1, "stale")
+        ticket.cancel()  # as the loop would, between the hand-over and the delivery
+        emitted.set()
+        return None
+
+    ticket = worker.submit("doc", "job", job, lambda step, text: drafts.append(text))
+    assert emitted.wait(5)  # blocks the loop: the draft cannot be delivered before the cancel
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wrap_future(ticket.future)
+    assert worker.stop()
+    await asyncio.sleep(0)
+    assert drafts == []
 
 
 async def test_cancel_stops_within_one_step():
@@ -83,6 +126,32 @@ async def test_cancel_stops_within_one_step():
         await asyncio.wrap_future(ticket.future)
     assert worker.stop()
     assert ticket.steps <= 1
+
+
+async def test_the_log_counts_the_step_that_ran_after_the_cancel():
+    """The cancel arrives during a step: that step completes (one step after the cancel), then the
+    job sees the flag and stops."""
+    logs: list[str] = []
+    worker = await ready_worker(logs)
+    gate, started = threading.Event(), threading.Event()
+
+    def job(model, ticket):
+        ticket.emit(1)
+        started.set()
+        gate.wait(5)  # step 2 is running when the cancel arrives
+        ticket.emit(2)
+        assert ticket.is_set()
+        return None
+
+    ticket = worker.submit("doc", "slow", job)
+    await asyncio.to_thread(started.wait, 5)
+    ticket.cancel()
+    gate.set()
+    assert worker.stop()
+    for _ in range(2):  # the log line is queued on the loop, behind the answer: two turns
+        await asyncio.sleep(0)
+    (line,) = [line for line in logs if line.startswith("slow")]
+    assert line.startswith("slow: 2 steps in ") and line.endswith(", cancelled (1 steps after the cancel)"), line
 
 
 async def test_a_failed_load_is_reported_and_jobs_answer_with_it():

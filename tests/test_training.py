@@ -13,6 +13,16 @@ from llada_lsp.training.corpus import is_held_out, iter_files
 from llada_lsp.training.objective import cut_hole, noise_batch, training_mask
 
 
+@pytest.fixture()
+def restore_threads():
+    """train and eval-infill set torch's thread count (--threads): put back what later tests had."""
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_training_mask_hides_the_noisy_copy_from_later_blocks():
     allow = training_mask(64, 32)  # [clean 0..63 | noisy 64..127]
     assert allow[40, 10] and not allow[10, 40]  # clean: block-causal
@@ -47,13 +57,13 @@ def test_split_is_deterministic_and_disjoint():
     assert not any(is_held_out(f.path) for f in iter_files("train")[:200])
 
 
-def test_a_few_steps_lower_the_loss(tmp_path):
+@pytest.mark.slow
+def test_a_few_steps_lower_the_loss(tmp_path, restore_threads):
     config = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                   intermediate_size=128, moe_intermediate_size=32, num_experts=4, n_group=2, topk_group=1)
     argv = ["--out", str(tmp_path), "--steps", "40", "--batch", "4", "--seq-len", "64", "--corpus-limit", "12",
             "--vocab-size", "600", "--warmup", "5", "--lr", "1e-2", "--save-every", "1000", "--threads", "1",
             "--config", json.dumps(config), "--export", str(tmp_path / "export")]
-    threads = torch.get_num_threads()
     assert train.main(argv) == 0
     state = torch.load(tmp_path / "state.pt", weights_only=False)
     losses = state["losses"]
@@ -62,7 +72,6 @@ def test_a_few_steps_lower_the_loss(tmp_path):
     assert (tmp_path / "export" / "model.safetensors").is_file() and (tmp_path / "export" / "tokenizer.json").is_file()
     assert train.main([*argv[:3], "45", *argv[4:]]) == 0  # resumes from step 40
     assert torch.load(tmp_path / "state.pt", weights_only=False)["step"] == 45
-    torch.set_num_threads(threads)
 
 
 def test_fim_samples_end_with_a_run_of_end_of_text():
@@ -174,12 +183,11 @@ def test_self_fill_writes_the_models_confident_guesses_into_masks():
     assert ((seen[1] != mask_id) & (seen[0] == mask_id)).any()  # the second saw the guesses in the masks
 
 
-def test_eval_infill_scores_modes_and_compares_them_in_pairs(capsys):
+@pytest.mark.slow
+def test_eval_infill_scores_modes_and_compares_them_in_pairs(capsys, restore_threads):
     from llada_lsp.training import eval_infill
 
-    threads = torch.get_num_threads()
     assert eval_infill.main(["--n", "2", "--kinds", "rest_of_line", "--modes", "speed,no-edit", "--threads", "1"]) == 0
-    torch.set_num_threads(threads)
     out = capsys.readouterr().out
     assert "| speed | rest_of_line |" in out and "| no-edit | rest_of_line |" in out and "| previous-line |" in out
     assert "speed vs no-edit, rest_of_line: first line right only in speed" in out
