@@ -7,11 +7,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "llada_lsp", *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # loads torch and a model in a subprocess
 def test_generate_reproduces_a_reference_case(golden_dir, golden_generate):
     case = next(c for c in golden_generate["cases"] if c["id"] == "A07_P32_G64_quality")
     p = run("generate", "--model", str(golden_dir), "--prompt-ids", ",".join(map(str, case["prompt_ids"])),
@@ -22,6 +25,7 @@ def test_generate_reproduces_a_reference_case(golden_dir, golden_generate):
     assert out["tokens_per_forward"] > 0 and out["tokens_per_second"] > 0
 
 
+@pytest.mark.slow  # loads torch and a model in a subprocess
 def test_bad_input_is_one_line_and_nonzero(golden_dir, tmp_path):
     p = run("generate", "--model", str(tmp_path / "nope"), "--prompt-ids", "1,2")
     assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "no such model folder" in p.stderr
@@ -38,6 +42,7 @@ def test_help_lists_the_subcommands():
         assert name in p.stdout
 
 
+@pytest.mark.slow  # loads torch and a model in a subprocess
 def test_a_session_read_from_a_file(tmp_path):
     """stdin that is not a pipe (a recorded session replayed from a file) goes through pygls' own
     reader: answered, and shutdown + exit end with code 0."""

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from llada_lsp.model import EMBEDDED_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = float(os.environ.get("LLADA_TEST_TIMEOUT", "120"))
-pytestmark = pytest.mark.skipif(not (EMBEDDED_MODEL / "config.json").is_file(), reason="no embedded model")
+pytestmark = pytest.mark.slow  # each test starts the real server
 
 
 def llada(*args: str) -> subprocess.CompletedProcess:
