@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from torch import nn
 from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoConfig
@@ -147,6 +149,22 @@ def tensor_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
     return compute_dtype(dtype) if name.endswith("expert_bias") else dtype
 
 
+@contextmanager
+def _no_init():
+    """The initialisers of torch.nn.init as no-ops: a network built to receive a checkpoint's
+    tensors need not draw random ones first. On the meta device drawing costs nothing, but torch
+    routes it through torch._refs, whose first use imports torch._dynamo: 1.7 s of every model load."""
+    names = [n for n in dir(nn.init) if n.endswith("_") and not n.startswith("_") and callable(getattr(nn.init, n))]
+    saved = {n: getattr(nn.init, n) for n in names}
+    try:
+        for n in names:
+            setattr(nn.init, n, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(nn.init, n, fn)
+
+
 def load_model(
     path: str | Path | None = None,
     device: str | torch.device | None = None,
@@ -160,7 +178,7 @@ def load_model(
     dtype = resolve_dtype(dtype, device)
     folder = resolve_path(path)
     config = load_config(folder)
-    with torch.device("meta"):
+    with torch.device("meta"), _no_init():
         model = LLaDA2(config)
     expected = model.state_dict()
     tensors: dict[str, torch.Tensor] = {}
