@@ -202,6 +202,7 @@ class LladaServer(LanguageServer):
         self.documents = Documents()
         self.completer: LocalCompleter | RemoteCompleter | None = None
         self._reconnect: asyncio.Task | None = None
+        self._engine_error: str | None = None  # the named service did not answer
         self.drafts = False  # the client opted in to llada/draft notifications
         self.shutdown_requested = False
         self._load_ticket: Ticket | None = None
@@ -283,10 +284,12 @@ class LladaServer(LanguageServer):
                 self.completer = await RemoteCompleter.connect(address, self.launch.token, self.log)
             except EngineFailure as err:
                 if choice != "auto":
-                    self.show(f"cannot use the engine service at {choice}: {err.message}")
-                    return  # requests try again (see completer_for)
+                    self._engine_error = f"cannot use the engine service at {choice}: {err.message}"
+                    self.show(self._engine_error)
+                    return  # requests try again (see completer_for_request)
                 self.log(f"no engine service at the default socket ({err.message}): the model runs in this process")
             else:
+                self._engine_error = None
                 self.log(f"using the engine service at {self.completer.address} (model {self.completer.status()['model']})")
                 if self.settings.model:
                     self.show("the model is the engine service's; the model setting is ignored", types.MessageType.Warning)
@@ -345,6 +348,8 @@ class LladaServer(LanguageServer):
     def status(self) -> dict[str, Any]:
         if self.completer is not None:
             out = self.completer.status()
+        elif self._engine_error is not None:
+            out = {"engine": self.launch.engine, "model": "", "state": "unavailable", "error": self._engine_error}
         else:
             out = {"engine": self.launch.engine, "model": ModelSpec(self.settings.model).name, "state": "loading"}
         return {**out, "inlineMode": self.settings.inline_mode, "rewriteMode": self.settings.rewrite_mode}
