@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pynvim
 import pytest
 
 from nvim_helpers import Editor, nvim_binary, nvim_version, wait_for
@@ -294,9 +295,33 @@ def test_checkhealth_reports_version_path_server_and_status(open_editor):
     path = "the plugin draws it" if VERSION < (0, 12) else "vim.lsp.inline_completion draws completions"
     assert f"Ghost text: {path}" in text, text
     assert "OK Server command:" in text, text
-    assert re.search(r"OK client \d+, attached to 1 buffer: model \S+, state ready", text), text
+    assert re.search(r"OK client \d+, attached to 1 buffer: model \S+, engine \S+, state ready", text), text
     assert "'termguicolors' is off" in text, text
     assert "ERROR" not in text and "WARNING" not in text, text
+
+
+def test_engine_option_reaches_the_server_command(open_editor):
+    editor = open_editor(engine="local")
+    client = "vim.lsp.get_clients({ bufnr = 0, name = 'llada' })[1]"
+    cmd = editor.lua(f"return {client}.config.cmd")
+    assert cmd[-2:] == ["--engine", "local"], cmd
+    status = editor.lua(
+        f"local r = {client}:request_sync('workspace/executeCommand', {{ command = 'llada.status' }}, 10000)"
+        " return r and r.result"
+    )
+    assert status["engine"] == "local", status
+
+    # No server needed for the rest: the command setup() builds, and what it refuses.
+    server_cmd = "local config = require('llada.config') return config.server_cmd(config.resolve(...))"
+    home = editor.lua("return vim.fs.normalize('~')")
+    opts = {"cmd": ["llada-lsp"], "engine": "tcp://127.0.0.1:7077", "token_file": "~/token"}
+    assert editor.lua(server_cmd, opts) == [
+        "llada-lsp", "--engine", "tcp://127.0.0.1:7077", "--token-file", f"{home}/token"
+    ]
+    assert editor.lua(server_cmd, {"cmd": ["llada-lsp"]}) == ["llada-lsp"], "no engine: the server's default"
+    for bad in ["gpu", "unix:", "tcp://host", 7077]:
+        with pytest.raises(pynvim.NvimError, match="engine"):
+            editor.lua("require('llada.config').resolve(...)", {"engine": bad})
 
 
 def test_ghost_highlight_without_termguicolors(open_editor):

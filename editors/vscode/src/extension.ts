@@ -13,8 +13,8 @@ import { ACCEPTED_COMMAND, InlineCompletions } from './inline';
 import { EditReview } from './review';
 import { errorNotice, resultNotice, RewriteResult, showNotice } from './rewrite';
 import {
-    LladaSettings, parseTcpAddress, readSettings, RESTART_KEYS, SECTION, ServerSettings, toggleInlineMode,
-    toInitializationOptions,
+    LladaSettings, parseTcpAddress, readSettings, RESTART_KEYS, SECTION, serverArgs, ServerSettings,
+    toggleInlineMode, toInitializationOptions,
 } from './settings';
 import { ServerStatus, StatusIndicator } from './status';
 import { TraceChannel } from './trace';
@@ -361,7 +361,7 @@ class LladaFeature implements StaticFeature {
 
 function serverOptions(server: ServerSettings): ServerOptions {
     if (server.tcp === '') {
-        return { command: server.path, args: server.args, transport: TransportKind.stdio };
+        return { command: server.path, args: serverArgs(server), transport: TransportKind.stdio };
     }
     return () => new Promise<StreamInfo>((resolve, reject) => {
         // Parsed here so a malformed address fails the start, where the user is told about it.

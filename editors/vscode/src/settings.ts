@@ -1,5 +1,6 @@
 /** The `llada.*` settings: how they are read, how they become the server's initializationOptions, and
  *  how the server is reached. Knows nothing about the language client. */
+import * as os from 'os';
 import * as vscode from 'vscode';
 
 export type Mode = 'speed' | 'quality';
@@ -9,6 +10,10 @@ export interface ServerSettings {
     args: string[];
     /** "host:port" of a running `llada-lsp --tcp`; empty starts the server over stdio. */
     tcp: string;
+    /** `--engine`: auto, local, unix:PATH or tcp://HOST:PORT; empty leaves it to the server. */
+    engine: string;
+    /** `--token-file` of an engine service on TCP; empty passes none. */
+    tokenFile: string;
 }
 
 export interface LladaSettings {
@@ -42,7 +47,7 @@ export interface SettingsSource {
 export const SECTION = 'llada';
 
 /** Keys (below `llada.`) whose change needs a new server process or connection. */
-export const RESTART_KEYS = ['server.path', 'server.args', 'server.tcp'];
+export const RESTART_KEYS = ['server.path', 'server.args', 'server.tcp', 'engine', 'engineTokenFile'];
 
 export function readSettings(config: SettingsSource): LladaSettings {
     return {
@@ -55,6 +60,8 @@ export function readSettings(config: SettingsSource): LladaSettings {
             path: config.get<string>('server.path', 'llada-lsp').trim() || 'llada-lsp',
             args: config.get<string[]>('server.args', []),
             tcp: config.get<string>('server.tcp', '').trim(),
+            engine: config.get<string>('engine', '').trim(),
+            tokenFile: config.get<string>('engineTokenFile', '').trim(),
         },
     };
 }
@@ -73,6 +80,20 @@ export function toInitializationOptions(settings: LladaSettings): Initialization
         options.model = settings.model;
     }
     return options;
+}
+
+/** The arguments of a server started over stdio: `llada.server.args`, then `--engine` and `--token-file`
+ *  where those settings are set (after the user's arguments, so the dedicated settings win). No shell
+ *  runs the command, so a leading `~` of the token file is expanded here. */
+export function serverArgs(server: ServerSettings, home: string = os.homedir()): string[] {
+    const args = [...server.args];
+    if (server.engine !== '') {
+        args.push('--engine', server.engine);
+    }
+    if (server.tokenFile !== '') {
+        args.push('--token-file', server.tokenFile.replace(/^~(?=$|[\\/])/, home));
+    }
+    return args;
 }
 
 /** Parses "host:port" or "[v6-host]:port"; throws with a message fit for the user. */

@@ -1,7 +1,11 @@
 import './setup';
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { beforeEach, test } from 'node:test';
-import { parseTcpAddress, readSettings, toggleInlineMode, toInitializationOptions } from '../src/settings';
+import {
+    parseTcpAddress, readSettings, RESTART_KEYS, serverArgs, toggleInlineMode, toInitializationOptions,
+} from '../src/settings';
 import * as mock from './vscode-mock';
 
 beforeEach(() => mock.reset());
@@ -22,12 +26,49 @@ test('settings map to camelCase initializationOptions without the client-side ke
         'server.path': '/opt/llada/bin/llada-lsp',
         'server.args': ['--device', 'cuda'],
         'server.tcp': '127.0.0.1:2087',
+        'engine': 'local',
+        'engineTokenFile': '/run/token',
         'trace.server': 'verbose',
     }));
     assert.deepEqual(toInitializationOptions(settings), {
         model: 'GSAI-ML/LLaDA-8B-Instruct', inlineMode: 'quality', rewriteMode: 'speed', maxCompletionTokens: 128, contextTokens: 2048,
     });
-    assert.deepEqual(settings.server, { path: '/opt/llada/bin/llada-lsp', args: ['--device', 'cuda'], tcp: '127.0.0.1:2087' });
+    assert.deepEqual(settings.server, {
+        path: '/opt/llada/bin/llada-lsp', args: ['--device', 'cuda'], tcp: '127.0.0.1:2087', engine: 'local', tokenFile: '/run/token',
+    });
+});
+
+test('the engine settings become --engine and --token-file after the server args', () => {
+    const server = readSettings(mock.configuration({
+        'server.args': ['--device', 'cuda'],
+        'engine': ' tcp://127.0.0.1:7077 ',
+        'engineTokenFile': '~/.config/llada/token',
+    })).server;
+    assert.deepEqual(serverArgs(server, '/home/me'), [
+        '--device', 'cuda', '--engine', 'tcp://127.0.0.1:7077', '--token-file', '/home/me/.config/llada/token',
+    ]);
+    assert.deepEqual(serverArgs(readSettings(mock.configuration({ engine: 'unix:/run/llada.sock' })).server),
+        ['--engine', 'unix:/run/llada.sock']);
+    assert.deepEqual(serverArgs({ ...server, tokenFile: '/abs/~token' }, '/home/me').slice(-2), ['--token-file', '/abs/~token']);
+    // Empty (the default): the server's own default, `auto`; nothing is added.
+    assert.deepEqual(serverArgs(readSettings(mock.configuration({ 'server.args': ['--threads', '2'] })).server), ['--threads', '2']);
+    assert.ok(RESTART_KEYS.includes('engine') && RESTART_KEYS.includes('engineTokenFile'), 'a new engine needs a new server');
+});
+
+test('the engine settings are declared, and restricted in untrusted workspaces', () => {
+    const manifest = JSON.parse(readFileSync(join(__dirname, '..', '..', '..', 'package.json'), 'utf8'));
+    const properties = manifest.contributes.configuration.properties;
+    assert.equal(properties['llada.engine'].default, '');
+    assert.equal(properties['llada.engineTokenFile'].default, '');
+    const pattern = new RegExp(properties['llada.engine'].pattern);
+    for (const good of ['', 'auto', 'local', 'unix:/run/user/1000/llada-lsp/engine.sock', 'tcp://127.0.0.1:7077', 'tcp://[::1]:7077']) {
+        assert.ok(pattern.test(good), good);
+    }
+    for (const bad of ['gpu', 'unix:', 'tcp://host', '127.0.0.1:7077']) {
+        assert.ok(!pattern.test(bad), bad);
+    }
+    const restricted = manifest.capabilities.untrustedWorkspaces.restrictedConfigurations;
+    assert.ok(restricted.includes('llada.engine') && restricted.includes('llada.engineTokenFile'), restricted);
 });
 
 test('an empty server path falls back to llada-lsp on PATH', () => {

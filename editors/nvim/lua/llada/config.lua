@@ -9,6 +9,8 @@ local M = {}
 ---@class llada.Config
 ---@field cmd string[] Command that starts the server.
 ---@field model? string Path or Hugging Face id; nil means the server's embedded model.
+---@field engine? "auto"|"local"|string Where the model runs: also "unix:PATH" or "tcp://HOST:PORT"; nil: the server's.
+---@field token_file? string Token file of an engine service on TCP.
 ---@field inline_mode "speed"|"quality"
 ---@field rewrite_mode "speed"|"quality"
 ---@field max_completion_tokens integer
@@ -21,6 +23,8 @@ local M = {}
 M.defaults = {
   cmd = { 'llada-lsp' },
   model = nil,
+  engine = nil,
+  token_file = nil,
   inline_mode = 'speed',
   rewrite_mode = 'quality',
   max_completion_tokens = 64,
@@ -34,6 +38,12 @@ M.defaults = {
 
 local function is_mode(v)
   return v == 'speed' or v == 'quality'
+end
+
+--- The values `llada-lsp --engine` takes: `auto`, `local`, `unix:PATH` or `tcp://HOST:PORT`.
+local function is_engine(v)
+  return type(v) == 'string'
+    and (v == 'auto' or v == 'local' or v:match('^unix:.') ~= nil or v:match('^tcp://[^/]*:%d+$') ~= nil)
 end
 
 local function is_key(v)
@@ -53,6 +63,8 @@ function M.resolve(opts)
   end
   vim.validate('cmd', cfg.cmd, 'table')
   vim.validate('model', cfg.model, 'string', true)
+  vim.validate('engine', cfg.engine, is_engine, true, '"auto", "local", "unix:PATH" or "tcp://HOST:PORT"')
+  vim.validate('token_file', cfg.token_file, 'string', true)
   vim.validate('inline_mode', cfg.inline_mode, is_mode, '"speed" or "quality"')
   vim.validate('rewrite_mode', cfg.rewrite_mode, is_mode, '"speed" or "quality"')
   vim.validate('max_completion_tokens', cfg.max_completion_tokens, function(v)
@@ -67,6 +79,21 @@ function M.resolve(opts)
   vim.validate('force_fallback', cfg.force_fallback, 'boolean')
   vim.validate('review', cfg.review, 'boolean')
   return cfg
+end
+
+--- The command that starts the server: `cmd`, then `--engine` and `--token-file` when they are set.
+---@param cfg llada.Config
+---@return string[]
+function M.server_cmd(cfg)
+  local cmd = vim.list_extend({}, cfg.cmd)
+  if cfg.engine then
+    vim.list_extend(cmd, { '--engine', cfg.engine })
+  end
+  if cfg.token_file then
+    -- No shell runs the command: expand `~` and $VARS here, as a user typing the path would expect.
+    vim.list_extend(cmd, { '--token-file', vim.fs.normalize(cfg.token_file) })
+  end
+  return cmd
 end
 
 --- The server's initializationOptions (docs/protocol.md): camelCase, absent keys take the server default.

@@ -18,9 +18,12 @@ local function check_client(client)
     return
   end
   local s = reply.result
-  local line = ('%s: model %s, state %s, inline %s, rewrite %s'):format(
+  -- `engine` is "local" (the model runs in the server) or the address of an engine service.
+  local engine = s.engine and (', engine %s'):format(s.engine) or ''
+  local line = ('%s: model %s%s, state %s, inline %s, rewrite %s'):format(
     what,
     s.model,
+    engine,
     s.state,
     s.inlineMode,
     s.rewriteMode
@@ -29,6 +32,11 @@ local function check_client(client)
     health.ok(line)
   elseif s.state == 'loading' then
     health.info(line)
+  elseif s.state == 'unavailable' then
+    health.error(
+      line .. ': ' .. (s.error or 'the engine service does not answer'),
+      'Start the service (`llada-lsp engine`), or set `engine` in setup() (e.g. "local").'
+    )
   else
     health.error(line .. ': ' .. (s.error or 'no reason given'), 'Set `model` to one that loads.')
   end
@@ -68,7 +76,8 @@ function M.check()
   end
   local cmd = cfg.cmd[1]
   if cmd and vim.fn.executable(cmd) == 1 then
-    health.ok(('Server command: %s (%s)'):format(table.concat(cfg.cmd, ' '), vim.fn.exepath(cmd)))
+    local full = table.concat(require('llada.config').server_cmd(cfg), ' ')
+    health.ok(('Server command: %s (%s)'):format(full, vim.fn.exepath(cmd)))
   else
     health.error(
       ('Server command not executable: %s'):format(tostring(cmd)),

@@ -294,9 +294,14 @@ function M.status()
     local parts = {
       ('llada: %s'):format(s.state),
       ('model %s'):format(s.model),
+    }
+    if s.engine then
+      parts[#parts + 1] = ('engine %s'):format(s.engine)
+    end
+    vim.list_extend(parts, {
       ('inline %s'):format(s.inlineMode),
       ('rewrite %s'):format(s.rewriteMode),
-    }
+    })
     if s.error then
       parts[#parts + 1] = 'error: ' .. s.error
     end
@@ -382,7 +387,7 @@ function M.setup(opts)
   create_commands()
 
   vim.lsp.config('llada', {
-    cmd = cfg.cmd,
+    cmd = config.server_cmd(cfg),
     filetypes = cfg.filetypes,
     root_markers = cfg.root_markers, -- read by the root_dir of lsp/llada.lua
     init_options = config.init_options(cfg),
