@@ -101,6 +101,13 @@ class RemoteCompleter:
         self.client, self._last = client, None
         return client
 
+    async def refresh(self) -> None:
+        """Connects again if the service went away and the last try is a second old (for status)."""
+        try:
+            await self._connected()
+        except CompletionFailed:
+            pass
+
     async def run(self, key: str, label: str, job: Job, on_draft: DraftCallback | None) -> Outcome:
         client = await self._connected()
         previous = self._keys.get(key)

@@ -565,7 +565,15 @@ class WorkDone:
             self.ls.work_done_progress.end(self.token, types.WorkDoneProgressEnd())
 
 
-def status(ls: LladaServer, params: types.ExecuteCommandParams) -> dict[str, Any]:
+async def status(ls: LladaServer, params: types.ExecuteCommandParams) -> dict[str, Any]:
+    """Also where a front whose service went away finds it back: clients ask while it is unavailable."""
+    if isinstance(ls.completer, RemoteCompleter):
+        await ls.completer.refresh()
+    elif ls.completer is None and ls.launch.engine not in ("local", "auto"):
+        try:
+            await ls.completer_for_request()
+        except JsonRpcException:
+            pass
     return ls.status()
 
 

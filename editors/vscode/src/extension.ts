@@ -314,7 +314,7 @@ class Session {
             }
             this.shared.status.setServerStatus(status);
             // The server need not report progress while it loads, so ask again until it is ready.
-            if (status.state === 'loading') {
+            if (status.state === 'loading' || status.state === 'unavailable') {  // until it loads, or the service is back
                 this.pollTimer = setTimeout(() => void this.refreshStatus(), STATUS_POLL_MS);
             }
         } catch (error) {

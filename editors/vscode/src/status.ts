@@ -2,12 +2,15 @@
  *  last completion took. Knows nothing about the language client; it is told what happened. */
 import * as vscode from 'vscode';
 
-export type ServerState = 'starting' | 'loading' | 'ready' | 'error' | 'stopped';
+/** 'unavailable': the engine service the server uses does not answer (it may come back). */
+export type ServerState = 'starting' | 'loading' | 'ready' | 'error' | 'unavailable' | 'stopped';
 
 /** The result of the server's `llada.status` command (docs/protocol.md). */
 export interface ServerStatus {
     model: string;
-    state: 'loading' | 'ready' | 'error';
+    state: 'loading' | 'ready' | 'error' | 'unavailable';
+    /** "local", or the address of the engine service. */
+    engine?: string;
     error?: string;
     inlineMode: string;
     rewriteMode: string;
@@ -30,6 +33,9 @@ export function statusText(view: StatusView): string {
     }
     if (view.state === 'error') {
         return '$(error) LLaDA';
+    }
+    if (view.state === 'unavailable') {
+        return '$(debug-disconnect) LLaDA';
     }
     if (view.state === 'stopped') {
         return '$(circle-slash) LLaDA';
@@ -120,7 +126,7 @@ export class StatusIndicator implements vscode.Disposable {
     private render(): void {
         this.item.text = statusText(this.view);
         this.item.tooltip = statusTooltip(this.view);
-        this.item.backgroundColor = this.view.state === 'error'
+        this.item.backgroundColor = this.view.state === 'error' || this.view.state === 'unavailable'
             ? new vscode.ThemeColor('statusBarItem.errorBackground')
             : undefined;
     }
