@@ -3,13 +3,18 @@
 Every keystroke (a character, or Enter with the new line's indentation) is one `textDocument/didChange`
 followed by `textDocument/inlineCompletion`, the way VS Code and Neovim ask; the next keystroke waits
 for the answer (a patient typist: no request is superseded, so each latency is a whole completion).
-After each keystroke the same inputs also go through `run_infill` in this process (prompt, engine,
-post-processing; no LSP). Printed: p50/p95 from didChange to the inline response and to the first
-`llada/draft`, for single-line (cursor after code) and block (cursor on an empty line) completions, the
-direct call's times, and the LSP's overhead per keystroke (against the direct call, and against the
-server's own time for the job).
+The keystrokes go to an in-process server (`--engine local`: the model in the front) and to a front
+of an engine service (`llada-lsp engine`, started here on a socket of its own with the same model and
+threads, stopped with SIGTERM at the end), taking turns per keystroke; `--engine local|service` runs
+one of them. After each keystroke the same inputs also go through `run_infill` in this process
+(prompt, engine, post-processing; no LSP). Printed, per front side by side: p50/p95 from didChange to
+the inline response and to the first `llada/draft`, for single-line (cursor after code) and block
+(cursor on an empty line) completions, the direct call's times, and the LSP's overhead per keystroke
+(against the direct call, and against the time of the job in the server or the service); with both,
+what the service adds per keystroke (service minus in-process, same keys); and each front's RSS.
 
-    python examples/bench_lsp.py [--limit N] [--mode speed|quality] [--model PATH] [--no-drafts]
+    python examples/bench_lsp.py [--engine both|local|service] [--limit N] [--mode speed|quality]
+                                 [--model PATH] [--no-drafts] [--threads N]
 
 A benchmark, not a test: numbers depend on the machine and on how well the model is trained.
 """
@@ -21,7 +26,11 @@ import asyncio
 import json
 import os
 import re
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,65 +99,154 @@ class Never:
         return False
 
 
-async def run(start: str, keys: list[Keystroke], args) -> tuple[Timing, Timing]:
-    """Each keystroke goes through the server, then the same inputs through `run_infill` in this
-    process (its own engine, fed the same sequence): paired samples under the same machine load."""
-    model = load(ModelSpec(args.model), lambda *_: None)
-    client = LanguageClient("bench", "1")
-    drafts: dict[int, float] = {}
-    job_ms: dict[int, float] = {}
-    client.feature("llada/draft")(lambda p: drafts.setdefault(int(p.requestId), time.perf_counter()))
+def model_args(args) -> list[str]:
+    return ["--model", args.model] if args.model else []
 
-    def on_log(params):
-        m = re.match(r"llada: inline (\d+): \d+ steps in ([\d.]+) ms", params.message)
-        if m:
-            job_ms[int(m[1])] = float(m[2]) / 1000
 
-    client.feature(t.WINDOW_LOG_MESSAGE)(on_log)
-    server = [sys.executable, "-m", "llada_lsp", "serve", "--threads", str(args.threads)]
-    await client.start_io(*server, *(["--model", args.model] if args.model else []))
-    capabilities = t.ClientCapabilities(experimental={"lladaDrafts": not args.no_drafts})
-    options = {"inlineMode": args.mode, "maxCompletionTokens": args.max_tokens}
-    await client.initialize_async(t.InitializeParams(capabilities=capabilities, initialization_options=options))
-    client.initialized(t.InitializedParams())
-    uri = (HERE / "data" / "inventory.py").as_uri()
-    client.text_document_did_open(t.DidOpenTextDocumentParams(t.TextDocumentItem(uri, "python", 1, start)))
+def rss_mib(pid: int) -> float:
+    """The process's resident memory (VmRSS), in MiB; NaN where there is no /proc."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return float("nan")
+    m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
+    return int(m[1]) / 1024 if m else float("nan")
 
-    def ask(line: int, character: int, msg_id: int):
+
+class Service:
+    """`llada-lsp engine` on a socket of its own, with the in-process server's model and threads; its
+    log (one line per job) is kept for the job times."""
+
+    def __init__(self, args):
+        self.folder = Path(tempfile.mkdtemp(prefix="ll", dir="/tmp"))  # a Unix socket path is ~100 bytes at most
+        self.socket = self.folder / "engine.sock"
+        self.address = f"unix:{self.socket}"
+        self.log = self.folder / "engine.log"
+        command = [sys.executable, "-m", "llada_lsp", "engine", "--listen", self.address, "--threads", str(args.threads)]
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen([*command, *model_args(args)], stdin=subprocess.DEVNULL, stderr=log)
+        self.rss = float("nan")
+
+    async def listening(self, timeout: float = 120.0) -> None:
+        """Returns once the socket is there (the model may still be loading: requests wait for it)."""
+        deadline = time.monotonic() + timeout
+        while not self.socket.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the engine service did not start:\n{self.log.read_text()[-2000:]}")
+            await asyncio.sleep(0.05)
+
+    def stop(self) -> list[float]:
+        """SIGTERM; the seconds of each infill job it ran, in order."""
+        if self.process.poll() is None:
+            self.rss = rss_mib(self.process.pid)
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        jobs = re.findall(r" infill \S+: \d+ steps in ([\d.]+) ms", self.log.read_text())
+        shutil.rmtree(self.folder, ignore_errors=True)
+        return [float(ms) / 1000 for ms in jobs]
+
+
+class Front:
+    """A language server the keystrokes go through over stdio: the model in its process (`engine`
+    "local") or a front of the service (`engine` its address); what it answered, and when."""
+
+    def __init__(self, label: str, engine: str):
+        self.label, self.engine = label, engine
+        self.client = LanguageClient("bench", "1")
+        self.timing = Timing()
+        self.drafts: dict[int, float] = {}
+        self.job_ms: dict[int, float] = {}  # from the server's log: only a front running the model has one
+        self.rss = float("nan")
+        self.uri = (HERE / "data" / "inventory.py").as_uri()
+        self.client.feature("llada/draft")(lambda p: self.drafts.setdefault(int(p.requestId), time.perf_counter()))
+
+        def on_log(params):
+            m = re.match(r"llada: inline (\d+): \d+ steps in ([\d.]+) ms", params.message)
+            if m:
+                self.job_ms[int(m[1])] = float(m[2]) / 1000
+
+        self.client.feature(t.WINDOW_LOG_MESSAGE)(on_log)
+
+    async def start(self, text: str, args) -> None:
+        server = [sys.executable, "-m", "llada_lsp", "serve", "--engine", self.engine]
+        if self.engine == "local":
+            server += ["--threads", str(args.threads), *model_args(args)]
+        await self.client.start_io(*server)
+        capabilities = t.ClientCapabilities(experimental={"lladaDrafts": not args.no_drafts})
+        options = {"inlineMode": args.mode, "maxCompletionTokens": args.max_tokens}
+        await self.client.initialize_async(t.InitializeParams(capabilities=capabilities, initialization_options=options))
+        self.client.initialized(t.InitializedParams())
+        self.client.text_document_did_open(t.DidOpenTextDocumentParams(t.TextDocumentItem(self.uri, "python", 1, text)))
+
+    def ask(self, line: int, character: int, msg_id: int):
         params = t.InlineCompletionParams(
-            text_document=t.TextDocumentIdentifier(uri), position=t.Position(line, character),
+            text_document=t.TextDocumentIdentifier(self.uri), position=t.Position(line, character),
             context=t.InlineCompletionContext(t.InlineCompletionTriggerKind.Automatic),
         )  # fmt: skip
-        return client.protocol.send_request_async(t.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id=msg_id)
+        return self.client.protocol.send_request_async(t.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id=msg_id)
 
-    await ask(0, 0, 0)  # waits for the model to load; not measured
-    lsp, ref = Timing(), Timing()
-    for i, key in enumerate(keys, start=1):
+    async def type(self, key: Keystroke, i: int) -> None:
         at = t.Position(*key.at)
         change = t.TextDocumentContentChangePartial(range=t.Range(at, at), text=key.typed)
         sent = time.perf_counter()
-        client.text_document_did_change(
-            t.DidChangeTextDocumentParams(t.VersionedTextDocumentIdentifier(version=key.version, uri=uri), [change])
+        self.client.text_document_did_change(
+            t.DidChangeTextDocumentParams(t.VersionedTextDocumentIdentifier(version=key.version, uri=self.uri), [change])
         )  # fmt: skip
-        result = await ask(*key.cursor_at, i)
-        lsp.response.append(time.perf_counter() - sent)
-        lsp.first_draft.append(drafts.get(i, float("nan")) - sent)
-        lsp.texts.append(result.items[0].insert_text if result.items else "")
+        result = await self.ask(*key.cursor_at, i)
+        self.timing.response.append(time.perf_counter() - sent)
+        self.timing.first_draft.append(self.drafts.get(i, float("nan")) - sent)
+        self.timing.texts.append(result.items[0].insert_text if result.items else "")
 
-        first: list[float] = []
-        started = time.perf_counter()
-        job = Infill(key.text_after, key.cursor, args.mode, args.max_tokens, 1024)
-        outcome = run_infill(model, job, Never(), lambda step, text: first or first.append(time.perf_counter()))
-        ref.response.append(time.perf_counter() - started)
-        ref.first_draft.append(first[0] - started)
-        ref.texts.append(outcome.text)
-        print(f"\r  {i}/{len(keys)}", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-    await client.shutdown_async(None)
-    client.exit(None)
-    await client.stop()
-    lsp.job = [job_ms.get(i, float("nan")) for i in range(1, len(keys) + 1)]
-    return lsp, ref
+    async def stop(self, n: int) -> None:
+        self.rss = rss_mib(self.client._server.pid)  # pygls keeps the process it started to itself
+        await self.client.shutdown_async(None)
+        self.client.exit(None)
+        await self.client.stop()
+        self.timing.job = [self.job_ms.get(i, float("nan")) for i in range(1, n + 1)]
+
+
+async def run(start: str, keys: list[Keystroke], args) -> tuple[list[Front], Timing, Service | None]:
+    """Each keystroke goes through each front (they take turns at going first), then the same inputs
+    through `run_infill` in this process (its own engine, fed the same sequence): paired samples under
+    the same machine load."""
+    model = load(ModelSpec(args.model), lambda *_: None)
+    service = Service(args) if args.engine in ("both", "service") else None
+    fronts: list[Front] = []
+    try:
+        if args.engine in ("both", "local"):
+            fronts.append(Front("in-process", "local"))
+            await fronts[-1].start(start, args)
+        if service is not None:
+            await service.listening()
+            fronts.append(Front("service", service.address))
+            await fronts[-1].start(start, args)
+        for front in fronts:
+            await front.ask(0, 0, 0)  # waits for the model to load; not measured
+
+        ref = Timing()
+        for i, key in enumerate(keys, start=1):
+            for front in fronts if i % 2 else fronts[::-1]:
+                await front.type(key, i)
+            first: list[float] = []
+            started = time.perf_counter()
+            job = Infill(key.text_after, key.cursor, args.mode, args.max_tokens, 1024)
+            outcome = run_infill(model, job, Never(), lambda step, text: first or first.append(time.perf_counter()))
+            ref.response.append(time.perf_counter() - started)
+            ref.first_draft.append(first[0] - started)
+            ref.texts.append(outcome.text)
+            print(f"\r  {i}/{len(keys)}", end="", file=sys.stderr, flush=True)
+        print(file=sys.stderr)
+        for front in fronts:
+            await front.stop(len(keys))
+    finally:
+        jobs = service.stop() if service is not None else []
+    if service is not None and len(jobs) >= len(keys):  # one job per request, one request at a time, the warm-up first
+        fronts[-1].timing.job = jobs[-len(keys) :]
+    return fronts, ref, service
 
 
 def pct(values: list[float], q: float) -> str:
@@ -158,46 +256,71 @@ def pct(values: list[float], q: float) -> str:
     return f"{values[min(len(values) - 1, int(q * len(values)))] * 1000:6.1f}"
 
 
+def mib(value: float) -> str:
+    return f"{value:.0f} MiB" if value == value else "-"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engine", default="both", choices=("both", "local", "service"),
+                    help="the in-process server, a front of an engine service started here, or both (the default)")
     ap.add_argument("--limit", type=int, help="replay only the first N keystrokes")
     ap.add_argument("--mode", default="speed", choices=("speed", "quality"))
     ap.add_argument("--max-tokens", type=int, default=64, help="maxCompletionTokens (default 64, the server's)")
     ap.add_argument("--model", help="model folder (default: the embedded model)")
     ap.add_argument("--no-drafts", action="store_true", help="do not ask for llada/draft notifications (what they cost)")
-    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2), help="torch threads, both sides")
+    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                    help="torch threads: the server, the service and the direct call")  # fmt: skip
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     start, keys = replay(RECORDING, args.limit)
     print(f"{len(keys)} keystrokes over {RECORDING.name}, mode {args.mode}, {args.threads} thread(s), "
-          f"torch {torch.__version__}, {os.cpu_count()} CPUs")  # fmt: skip
-    lsp, ref = asyncio.run(run(start, keys, args))
+          f"torch {torch.__version__}, {os.cpu_count()} CPUs, engine {args.engine}")  # fmt: skip
+    fronts, ref, service = asyncio.run(run(start, keys, args))
 
     kinds = (("single-line", False), ("block", True))
     groups = {name: [i for i, k in enumerate(keys) if k.block == block] for name, block in kinds}
-    print(f"\n{'milliseconds':44} {'p50':>6} {'p95':>6}   n")
+    print(f"\n{'milliseconds':44}" + "".join(f" {front.label:>13}" for front in fronts) + "    n")
+    print(f"{'':44}" + f" {'p50':>6} {'p95':>6}" * len(fronts))
+
+    def row(label: str, per_front: list[list[float]]) -> None:
+        cells = "".join(f" {pct(values, 0.5)} {pct(values, 0.95)}" for values in per_front)
+        print(f"{label:44}{cells} {len(per_front[0]):4}")
+
     for name, idx in groups.items():
         if not idx:
             continue
-        rows = {
-            f"didChange -> inline response ({name})": [lsp.response[i] for i in idx],
-            f"didChange -> first llada/draft ({name})": [lsp.first_draft[i] for i in idx],
-            f"direct run_infill ({name})": [ref.response[i] for i in idx],
-            f"direct, first draft ({name})": [ref.first_draft[i] for i in idx],
-        }
-        for label, values in rows.items():
-            print(f"{label:44} {pct(values, 0.5)} {pct(values, 0.95)} {len(values):3}")
-    overhead = [a - b for a, b in zip(lsp.response, ref.response)]
-    in_server = [a - b for a, b in zip(lsp.response, lsp.job)]
-    job_vs_direct = [a - b for a, b in zip(lsp.job, ref.response)]
-    for label, values in (("server job time - direct (same keys)", job_vs_direct),
-                          ("LSP overhead: response - direct (same keys)", overhead),
-                          ("LSP overhead: response - server job time", in_server)):  # fmt: skip
-        print(f"{label:44} {pct(values, 0.5)} {pct(values, 0.95)} {len(values):3}")
-    same = sum(a == b for a, b in zip(lsp.texts, ref.texts))
-    shown = sum(bool(a) for a in lsp.texts)
-    print(f"\ncompletions shown: {shown}/{len(keys)}; identical to the direct run: {same}/{len(keys)}")
+        row(f"didChange -> inline response ({name})", [[f.timing.response[i] for i in idx] for f in fronts])
+        row(f"didChange -> first llada/draft ({name})", [[f.timing.first_draft[i] for i in idx] for f in fronts])
+        row(f"direct run_infill ({name})", [[ref.response[i] for i in idx]] * len(fronts))
+        row(f"direct, first draft ({name})", [[ref.first_draft[i] for i in idx]] * len(fronts))
+    for label, of in (("server job time - direct (same keys)", lambda s: zip(s.job, ref.response)),
+                      ("LSP overhead: response - direct (same keys)", lambda s: zip(s.response, ref.response)),
+                      ("LSP overhead: response - server job time", lambda s: zip(s.response, s.job))):  # fmt: skip
+        row(label, [[a - b for a, b in of(f.timing)] for f in fronts])
+
+    if len(fronts) == 2:
+        local, remote = (f.timing for f in fronts)
+        print(f"\n{'service - in-process, per keystroke':44} {'p50':>6} {'p95':>6}    n")
+        for label, a, b in (("added: inline response (target p50 < 3 ms)", remote.response, local.response),
+                            ("added: first llada/draft", remote.first_draft, local.first_draft),
+                            ("added: job time (two processes, same steps)", remote.job, local.job),
+                            ("added: response - job time", [r - j for r, j in zip(remote.response, remote.job)],
+                             [r - j for r, j in zip(local.response, local.job)])):  # fmt: skip
+            values = [x - y for x, y in zip(a, b)]
+            print(f"{label:44} {pct(values, 0.5)} {pct(values, 0.95)} {len(values):4}")
+
+    rss = ", ".join(f"{f.label} front {mib(f.rss)}" for f in fronts)
+    rss += f"; the service {mib(service.rss)} (target for its front: < 150 MiB)" if service else ""
+    print(f"\nRSS at the end of the run: {rss}")
+    for f in fronts:
+        same = sum(a == b for a, b in zip(f.timing.texts, ref.texts))
+        shown = sum(bool(a) for a in f.timing.texts)
+        print(f"{f.label}: completions shown: {shown}/{len(keys)}; identical to the direct run: {same}/{len(keys)}")
+    if len(fronts) == 2:
+        same = sum(a == b for a, b in zip(fronts[0].timing.texts, fronts[1].timing.texts))
+        print(f"service identical to in-process: {same}/{len(keys)}")
     return 0
 
 

@@ -115,12 +115,11 @@ class RemoteCompleter:
             previous.cancel()  # as the local worker does: the newer request supersedes
         self._keys[key] = asyncio.current_task()
         request = _message(client.next_id(), key, job, on_draft is not None)
-        draft = None if on_draft is None else (lambda step, text: on_draft(step, text) if text or isinstance(job, Rewrite) else None)
         try:
             if isinstance(request, wire.Infill):
-                done = await client.infill(request, draft)
+                done = await client.infill(request, on_draft)
             else:
-                done = await client.rewrite(request, draft)
+                done = await client.rewrite(request, on_draft)
         except EngineFailure as err:
             if err.kind == "cancelled":  # superseded by the same key, from another path
                 raise asyncio.CancelledError() from None
