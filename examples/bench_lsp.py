@@ -40,7 +40,7 @@ from lsprotocol import types as t
 from pygls.lsp.client import LanguageClient
 
 from llada_lsp.server.documents import Document
-from llada_lsp.server.jobs import Infill, ModelSpec, cursor_context, load, run_infill
+from llada_lsp.completion.pipeline import Infill, ModelSpec, cursor_context, load, run_infill
 from llada_lsp.server.positions import UTF16
 
 HERE = Path(__file__).resolve().parent

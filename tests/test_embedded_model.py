@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from llada_lsp.server import jobs
+from llada_lsp.completion import pipeline as jobs
 from llada_lsp.training.corpus import is_held_out
 
 

@@ -167,3 +167,24 @@ async def test_the_front_survives_its_service_going_away(tmp_path):
         await front.stop()
         process.terminate()
         process.wait(timeout=30)
+
+
+async def test_a_named_service_that_does_not_answer(tmp_path):
+    """The front still initializes (the message comes after the initialize result, which some
+    clients need), says why in its status, and answers requests with the reason."""
+    front = Front(str(tmp_path / "nothing.sock"))
+    messages: list = []
+    front.client.feature(t.WINDOW_SHOW_MESSAGE)(lambda params: messages.append(params.message))
+    await front.start()
+    try:
+        status = await front.client.workspace_execute_command_async(t.ExecuteCommandParams("llada.status"))
+        assert status["state"] == "unavailable" and "nothing.sock" in status["error"]
+        uri = "file:///tmp/e2e/none.py"
+        front.client.text_document_did_open(t.DidOpenTextDocumentParams(t.TextDocumentItem(uri, "python", 1, "x = 1\n")))
+        with pytest.raises(Exception, match="service is unreachable"):
+            await front.client.text_document_inline_completion_async(t.InlineCompletionParams(
+                text_document=t.TextDocumentIdentifier(uri), position=t.Position(0, 5),
+                context=t.InlineCompletionContext(t.InlineCompletionTriggerKind.Invoked)))  # fmt: skip
+        assert any("cannot use the engine service" in m for m in messages)
+    finally:
+        await front.stop()

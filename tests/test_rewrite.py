@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from llada_lsp.server import jobs
-from llada_lsp.server.postprocess import bound_rewrite
-from llada_lsp.server.prompt import TextCodec
-from llada_lsp.server.syntax import Balance, check_rewrite, is_python
+from llada_lsp.completion import pipeline as jobs
+from llada_lsp.completion.postprocess import bound_rewrite
+from llada_lsp.completion.prompt import TextCodec
+from llada_lsp.completion.syntax import Balance, check_rewrite, is_python
 
 PY = "def f(name):\n    return name.split()\n\nx = f('a b')\n"
 

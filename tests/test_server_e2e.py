@@ -29,7 +29,7 @@ from pytest_lsp import ClientServerConfig, LanguageClient
 from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, register_lsp_features
 
 from llada_lsp.model import EMBEDDED_MODEL, LLaDA2, LLaDA2Config, save_model
-from llada_lsp.server import jobs
+from llada_lsp.completion import pipeline as jobs
 from llada_lsp.training.train import init_weights
 
 pytestmark = [

@@ -25,8 +25,8 @@ import pytest
 from llada_lsp import wire
 from llada_lsp.errors import CheckpointError
 from llada_lsp.model import EMBEDDED_MODEL
-from llada_lsp.server.jobs import ModelSpec
-from llada_lsp.server.worker import ModelWorker
+from llada_lsp.completion.pipeline import ModelSpec
+from llada_lsp.service.worker import ModelWorker
 from llada_lsp.service import engine
 from llada_lsp.service.address import Address, default_socket_path, parse_address, private_folder, read_token
 from llada_lsp.service.client import EngineClient, EngineFailure

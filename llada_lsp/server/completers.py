@@ -15,8 +15,8 @@ from typing import Any, Callable
 from .. import wire
 from ..errors import Refused
 from ..service.client import EngineClient, EngineFailure
-from .jobs import CHARS_PER_TOKEN, Infill, ModelSpec, Outcome, Rewrite, run_infill, run_rewrite, window
-from .worker import ModelUnavailable, ModelWorker, Ticket
+from ..completion.pipeline import CHARS_PER_TOKEN, Infill, ModelSpec, Outcome, Rewrite, run_infill, run_rewrite, window
+from ..service.worker import ModelUnavailable, ModelWorker, Ticket
 
 Job = Infill | Rewrite
 DraftCallback = Callable[[int, Any], None]

@@ -30,11 +30,11 @@ from .documents import Document, Documents
 from ..service.address import parse_address, read_token
 from ..service.client import EngineFailure
 from .completers import CompletionFailed, LocalCompleter, RemoteCompleter
-from .jobs import Infill, ModelSpec, Outcome, Rewrite
+from ..completion.pipeline import Infill, ModelSpec, Outcome, Rewrite
 from .positions import UTF8, UTF16
 from .settings import MODES, Settings, parse_settings, settings_section
-from .syntax import is_python
-from .worker import ModelWorker, Ticket
+from ..completion.syntax import is_python
+from ..service.worker import ModelWorker, Ticket
 
 logger = logging.getLogger(__name__)
 
@@ -203,6 +203,7 @@ class LladaServer(LanguageServer):
         self.completer: LocalCompleter | RemoteCompleter | None = None
         self._reconnect: asyncio.Task | None = None
         self._engine_error: str | None = None  # the named service did not answer
+        self._told: list[tuple[str, types.MessageType]] | None = []  # messages held until initialize is answered
         self.drafts = False  # the client opted in to llada/draft notifications
         self.shutdown_requested = False
         self._load_ticket: Ticket | None = None
@@ -253,6 +254,20 @@ class LladaServer(LanguageServer):
         self.log(message, kind)
         self.window_show_message(types.ShowMessageParams(type=kind, message=f"llada: {message}"))
 
+    def tell(self, message: str, kind: types.MessageType) -> None:
+        """`show`, or, during `initialize`, once it is answered: some clients (eglot 1.9) fail to
+        connect when a message arrives before the initialize result, though the LSP allows it."""
+        if self._told is None:
+            self.show(message, kind)
+        else:
+            logger.log(logging.ERROR if kind == types.MessageType.Error else logging.WARNING, "%s", message)
+            self._told.append((message, kind))
+
+    def flush_told(self) -> None:
+        told, self._told = self._told or [], None
+        for message, kind in told:
+            self.window_show_message(types.ShowMessageParams(type=kind, message=f"llada: {message}"))
+
     def report_server_error(self, error: Exception, source) -> None:
         """pygls' out-of-band errors (a notification that failed) go to the log, not to a popup; a
         failed request already carries its error in the response."""
@@ -285,14 +300,15 @@ class LladaServer(LanguageServer):
             except EngineFailure as err:
                 if choice != "auto":
                     self._engine_error = f"cannot use the engine service at {choice}: {err.message}"
-                    self.show(self._engine_error)
+                    self.tell(self._engine_error, types.MessageType.Error)
                     return  # requests try again (see completer_for_request)
-                self.log(f"no engine service at the default socket ({err.message}): the model runs in this process")
+                logger.info("no engine service at the default socket (%s): the model runs in this process", err.message)
             else:
                 self._engine_error = None
-                self.log(f"using the engine service at {self.completer.address} (model {self.completer.status()['model']})")
+                logger.info("using the engine service at %s (model %s)", self.completer.address,
+                            self.completer.status()["model"])  # fmt: skip
                 if self.settings.model:
-                    self.show("the model is the engine service's; the model setting is ignored", types.MessageType.Warning)
+                    self.tell("the model is the engine service's; the model setting is ignored", types.MessageType.Warning)
                 return
         self.completer = LocalCompleter(ModelWorker(asyncio.get_running_loop(), self.log, self.launch.step_delay))
         self.start_load()
@@ -455,6 +471,7 @@ async def initialize(ls: LladaServer, params: types.InitializeParams) -> None:
 
 
 async def initialized(ls: LladaServer, params: types.InitializedParams) -> None:
+    ls.flush_told()
     await ls.show_load_progress()
 
 

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
 from .. import wire
-from ..server.jobs import (Infill, InstructionUnsupported, LoadedModel, ModelSpec, Outcome, Rewrite, run_infill,
+from ..completion.pipeline import (Infill, InstructionUnsupported, LoadedModel, ModelSpec, Outcome, Rewrite, run_infill,
                            run_rewrite)  # fmt: skip
-from ..server.prompt import SelectionTooLong
-from ..server.worker import ModelUnavailable, ModelWorker, Ticket
+from ..completion.prompt import SelectionTooLong
+from .worker import ModelUnavailable, ModelWorker, Ticket
 from .address import Address, default_socket_path, parse_address, private_folder, read_token
 from .client import EngineClient, EngineFailure
 
@@ -208,13 +208,11 @@ class EngineService:
         if problem is not None:
             session.send(wire.Failed(request.id, "bad_request", problem))
             return
-        job, on_draft = _job(request), None
-        if request.drafts:
+        def send_draft(step: int, text: str) -> None:
+            if not session.backlogged():  # a later draft or the done says it all anyway
+                session.send(wire.Draft(request.id, step, text))
 
-            def on_draft(step: int, text: str) -> None:
-                if not session.backlogged():  # a later draft or the done says it all anyway
-                    session.send(wire.Draft(request.id, step, text))
-
+        job, on_draft = _job(request), send_draft if request.drafts else None
         label = f"{request.type} {session.name}:{request.id}"
         ticket = self.worker.submit(f"{session.id}:{request.key}", label, job, on_draft)
         session.pending[request.id] = ticket

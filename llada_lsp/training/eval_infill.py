@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from ..engine import PRESETS
-from ..server import jobs
+from ..completion import pipeline as jobs
 from ..server.settings import Settings
 from .corpus import iter_files
 from .objective import cut_hole

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="also print the counts as one JSON line")
     args = ap.parse_args(argv)
     from ..engine import PRESETS
-    from ..server import jobs
+    from ..completion import pipeline as jobs
     from ..server.settings import Settings
 
     if args.mode not in PRESETS:

@@ -18,7 +18,7 @@ import random
 import torch
 
 from ..engine.policy import guesses
-from ..prompting import SpecialIds, fim_ids
+from ..completion.layouts import SpecialIds, fim_ids
 
 HOLE_KINDS = ("rest_of_line", "whole_line", "block_body", "span", "plain")
 HOLE_WEIGHTS = (0.30, 0.20, 0.20, 0.10, 0.20)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from ..prompting import SPECIAL_TOKENS
+from ..completion.layouts import SPECIAL_TOKENS
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 8192):

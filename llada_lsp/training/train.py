@@ -23,7 +23,7 @@ import torch
 
 from ..model import LLaDA2, LLaDA2Config, load_model, save_model
 from ..model.loader import resolve_device
-from ..prompting import SpecialIds
+from ..completion.layouts import SpecialIds
 from . import corpus
 from .objective import HOLE_KINDS, HOLE_WEIGHTS, SampleStream, block_diffusion_loss, parse_hole_weights, training_mask
 from .tokenizer import save_tokenizer, train_tokenizer

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from llada_lsp.model import EMBEDDED_MODEL, load_tokenizer
-from llada_lsp.prompting import SpecialIds
-from llada_lsp.server.jobs import window
-from llada_lsp.server.prompt import SelectionTooLong, TextCodec, heal, infill_prompt, rewrite_prompt
+from llada_lsp.completion.layouts import SpecialIds
+from llada_lsp.completion.pipeline import window
+from llada_lsp.completion.prompt import SelectionTooLong, TextCodec, heal, infill_prompt, rewrite_prompt
 
 SOURCE = (Path(__file__).resolve().parents[1] / "llada_lsp" / "engine" / "decode.py").read_text()
 

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..errors import CheckpointError, Refused
 from .postprocess import Cursor, bound_rewrite, finish, strip_special, unfence
-from .prompt import CHARS_PER_TOKEN, Healed, TextCodec, heal, infill_prompt, rewrite_prompt
+from .codec import TextCodec
+from .prompt import CHARS_PER_TOKEN, Healed, heal, infill_prompt, rewrite_prompt
 from .syntax import check_rewrite
 
 if TYPE_CHECKING:  # torch is imported on the model thread, when a model loads, not with the server

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llada_lsp.server.postprocess import Cursor, finish
+from llada_lsp.completion.postprocess import Cursor, finish
 
 MID = Cursor(before="    total = add(", after="", next_line="    return total")
 EMPTY = Cursor(before="    ", after="", next_line="print(add(1, 2))")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..prompting import SPECIAL_TOKENS
+from .layouts import SPECIAL_TOKENS
 
 _SPECIAL_TEXT = re.compile("|".join(map(re.escape, [*SPECIAL_TOKENS, "<|role_end|>", "<role>", "</role>"])))
 _CLOSERS = ")]}"

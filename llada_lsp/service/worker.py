@@ -16,7 +16,7 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
 from ..errors import CheckpointError, Refused
-from .jobs import LoadedModel, ModelSpec, load
+from ..completion.pipeline import LoadedModel, ModelSpec, load
 
 logger = logging.getLogger(__name__)
 

@@ -1,84 +1,21 @@
 """Prompts for infill and rewrite: the text around the cursor cut to a token budget (prefix first, its
 start kept still while the user types on one line), in the FIM or the chat layout of the tokenizer.
 
-Knows nothing of the LSP, positions or tensors: strings in, token ids out (through `TextCodec`).
+Knows nothing of the LSP, positions or tensors: strings in, token ids out (through `codec.TextCodec`).
 """
 
 from __future__ import annotations
 
 import re
-from bisect import bisect_left
 from dataclasses import dataclass
-from functools import cached_property
-from typing import Any
 
 from ..errors import Refused
-from ..prompting import SpecialIds, chat_infill_prompt, fim_ids
+from .codec import TextCodec
+from .layouts import chat_infill_prompt, fim_ids
 
 QUANTUM = 32  # the cursor line's share of the prefix grows in steps of (at most) one block, so its start stays put
 CHARS_PER_TOKEN = 16  # bounds the text looked at (a 2 MB document is never tokenized whole)
 _HOLE_PREFIX, _HOLE_SUFFIX = "\ue000", "\ue001"  # private-use sentinels to split the chat template
-
-
-@dataclass(frozen=True)
-class TextCodec:
-    """The tokenizer as the server needs it. Document text is encoded literally: a document that
-    contains the string "<|endoftext|>" must not produce the special token."""
-
-    tokenizer: Any
-    special: SpecialIds
-    stop_ids: frozenset[int]  # ids that end a generation: every special id but the mask
-
-    @classmethod
-    def from_tokenizer(cls, tokenizer) -> "TextCodec":
-        special = SpecialIds.from_tokenizer(tokenizer)
-        stops = {i for i in tokenizer.all_special_ids if i != special.mask}
-        if special.eos is not None:
-            stops.add(special.eos)
-        return cls(tokenizer, special, frozenset(stops))
-
-    def encode(self, text: str) -> list[int]:
-        return self.encode_batch([text])[0] if text else []
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        if not texts:
-            return []
-        out = self.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        return [list(ids) for ids in out]
-
-    def encode_markup(self, text: str) -> list[int]:
-        """Template text, whose special tokens (chat roles) must become special ids."""
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-    @cached_property
-    def token_texts(self) -> list[str]:
-        """The text of every id alone (token healing looks for the ids that start with a given text)."""
-        return self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))], skip_special_tokens=False,
-                                           clean_up_tokenization_spaces=False)
-
-    @cached_property
-    def token_index(self) -> tuple[list[str], list[int]]:
-        """The texts of the ids a completion may hold (no stop ids), sorted, and their ids: the texts
-        that start with a given string are one run of it, found by bisection."""
-        pairs = sorted((t, i) for i, t in enumerate(self.token_texts) if i not in self.stop_ids)
-        return [t for t, _ in pairs], [i for _, i in pairs]
-
-    def ids_starting_with(self, text: str) -> list[int]:
-        texts, ids = self.token_index
-        lo = hi = bisect_left(texts, text)
-        while hi < len(texts) and texts[hi].startswith(text):
-            hi += 1
-        return ids[lo:hi]
-
-    def text_of(self, ids: list[int]) -> tuple[str, bool]:
-        """Generated ids -> (text up to the first stop id, whether a stop id was found). Bytes that
-        decode to no character (a character split across tokens, or byte soup) never reach a buffer."""
-        stop = next((i for i, t in enumerate(ids) if t in self.stop_ids), None)
-        text = self.decode(ids if stop is None else ids[:stop])
-        return text.replace("\ufffd", ""), stop is not None
 
 
 @dataclass(frozen=True)
