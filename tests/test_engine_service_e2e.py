@@ -49,8 +49,8 @@ def service():
 class Front:
     """An editor's view of one `llada-lsp` front: its process, drafts and applied edits."""
 
-    def __init__(self, socket: str):
-        self.socket = socket
+    def __init__(self, socket: str, by_setting: bool = False):
+        self.socket, self.by_setting = socket, by_setting
         self.client = LanguageClient("e2e", "1")
         self.drafts: list = []
         self.edits: list = []
@@ -62,10 +62,13 @@ class Front:
         return t.ApplyWorkspaceEditResult(applied=True)
 
     async def start(self) -> None:
-        await self.client.start_io(sys.executable, "-m", "llada_lsp", "--engine", f"unix:{self.socket}")
+        engine = f"unix:{self.socket}"
+        flags = [] if self.by_setting else ["--engine", engine]  # the setting, or the command line's flag
+        await self.client.start_io(sys.executable, "-m", "llada_lsp", *flags)
         capabilities = t.ClientCapabilities(experimental={"lladaDrafts": True},
                                             workspace=t.WorkspaceClientCapabilities(apply_edit=True))  # fmt: skip
-        await self.client.initialize_async(t.InitializeParams(capabilities=capabilities))
+        options = {"engine": engine} if self.by_setting else None
+        await self.client.initialize_async(t.InitializeParams(capabilities=capabilities, initialization_options=options))
         self.client.initialized(t.InitializedParams())
 
     @property
@@ -80,7 +83,7 @@ class Front:
 
 async def test_two_fronts_share_one_engine(service):
     socket, log = service
-    fronts = [Front(socket), Front(socket)]
+    fronts = [Front(socket), Front(socket, by_setting=True)]
     for front in fronts:
         await front.start()
     try:

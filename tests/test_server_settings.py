@@ -71,3 +71,13 @@ def test_did_change_configuration_section():
     assert settings_section({"llada": {"inlineMode": "quality"}}) == {"inlineMode": "quality"}
     assert settings_section({"inlineMode": "quality"}) == {"inlineMode": "quality"}
     assert settings_section(None) is None
+
+
+def test_the_engine_setting_is_an_address_or_auto_or_local():
+    ok, errors = parse_settings({"engine": "unix:/run/user/1000/llada-lsp/engine.sock"}, Settings(), Settings())
+    assert ok.engine == "unix:/run/user/1000/llada-lsp/engine.sock" and errors == []
+    assert parse_settings({"engine": "local"}, Settings(), Settings())[0].engine == "local"
+    assert parse_settings({"engine": ""}, Settings(engine="local"), Settings())[0].engine is None
+    for bad in ("gpu", "tcp://host", 7077, "unix:/" + "x" * 200):
+        s, errors = parse_settings({"engine": bad}, Settings(), Settings())
+        assert s.engine is None and len(errors) == 1 and errors[0].startswith("setting engine:"), bad

@@ -281,6 +281,8 @@ class LladaServer(LanguageServer):
         self.settings, errors = parse_settings(raw, self.settings, self.launch.defaults)
         for error in errors:
             self.show(error, types.MessageType.Warning)
+        if self.completer is not None and self.settings.engine != before.engine:
+            self.show("the engine setting takes effect when the server starts again", types.MessageType.Warning)
         if self.settings.model != before.model and isinstance(self.completer, RemoteCompleter):
             self.show(f"the model is the engine service's ({self.completer.address}); the model setting is ignored",
                       types.MessageType.Warning)  # fmt: skip
@@ -292,7 +294,7 @@ class LladaServer(LanguageServer):
     async def start_engine(self) -> None:
         """The engine service if one is asked for (or, with `auto`, answers at the default socket),
         else the model in this process."""
-        choice = self.launch.engine
+        choice = self.settings.engine or self.launch.engine
         if choice != "local":
             address = None if choice == "auto" else choice
             try:
@@ -314,7 +316,7 @@ class LladaServer(LanguageServer):
         self.start_load()
 
     async def completer_for_request(self) -> LocalCompleter | RemoteCompleter:
-        if self.completer is None and self.launch.engine not in ("local", "auto"):
+        if self.completer is None and (self.settings.engine or self.launch.engine) not in ("local", "auto"):
             if self._reconnect is None or self._reconnect.done():
                 self._reconnect = asyncio.ensure_future(self.start_engine())
             await asyncio.shield(self._reconnect)
@@ -365,9 +367,11 @@ class LladaServer(LanguageServer):
         if self.completer is not None:
             out = self.completer.status()
         elif self._engine_error is not None:
-            out = {"engine": self.launch.engine, "model": "", "state": "unavailable", "error": self._engine_error}
+            out = {"engine": self.settings.engine or self.launch.engine, "model": "", "state": "unavailable",
+                   "error": self._engine_error}  # fmt: skip
         else:
-            out = {"engine": self.launch.engine, "model": ModelSpec(self.settings.model).name, "state": "loading"}
+            out = {"engine": self.settings.engine or self.launch.engine, "model": ModelSpec(self.settings.model).name,
+                   "state": "loading"}  # fmt: skip
         return {**out, "inlineMode": self.settings.inline_mode, "rewriteMode": self.settings.rewrite_mode}
 
     # --- documents and positions ----------------------------------------------------------------
@@ -586,7 +590,7 @@ async def status(ls: LladaServer, params: types.ExecuteCommandParams) -> dict[st
     """Also where a front whose service went away finds it back: clients ask while it is unavailable."""
     if isinstance(ls.completer, RemoteCompleter):
         await ls.completer.refresh()
-    elif ls.completer is None and ls.launch.engine not in ("local", "auto"):
+    elif ls.completer is None and (ls.settings.engine or ls.launch.engine) not in ("local", "auto"):
         try:
             await ls.completer_for_request()
         except JsonRpcException:

@@ -9,6 +9,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..service.address import parse_address
+
 MODES = ("speed", "quality")
 _DEFAULT = object()  # a value that asks for the default (`"model": null`: the server's default model)
 
@@ -22,6 +24,8 @@ class Settings:
     rewrite_mode: str = field(default="quality", metadata={"choices": MODES})
     max_completion_tokens: int = field(default=64, metadata={"range": (1, 512)})
     context_tokens: int = field(default=1024, metadata={"range": (64, 8192)})
+    # Where the model runs (read at `initialize`; None: the command line's --engine).
+    engine: str | None = field(default=None, metadata={"kind": "engine"})
 
 
 def camel(name: str) -> str:
@@ -65,6 +69,18 @@ def _check(value: Any, rule: dict) -> tuple[Any, str | None]:
         if isinstance(value, str):
             return value, None
         return None, f"expected a path or Hugging Face id, got {value!r}"
+    if rule.get("kind") == "engine":
+        if value is None or value == "":
+            return _DEFAULT, None
+        if value in ("auto", "local"):
+            return value, None
+        try:
+            parse_address(value if isinstance(value, str) else None)
+        except ValueError as err:
+            return None, str(err)
+        if isinstance(value, str):
+            return value, None
+        return None, f"expected auto, local, unix:PATH or tcp://HOST:PORT, got {value!r}"
     if "choices" in rule:
         if value in rule["choices"]:
             return value, None
