@@ -153,7 +153,7 @@ def test_a_socket_folder_open_to_others_is_refused(tmp_path):
 
 def test_tcp_without_a_token_file_does_not_start(capsys):
     with pytest.raises(SystemExit) as exited:
-        engine.main(["--listen", "tcp://:0"])
+        engine.engine_main(["--listen", "tcp://:0"])
     assert exited.value.code == 2 and "needs --token-file" in capsys.readouterr().err
 
 
@@ -291,10 +291,10 @@ async def test_the_status_command_reports_or_says_nothing_answers(short_dir, cap
         async with await EngineClient.connect(address, "editor") as client:
             with pytest.raises(EngineFailure):
                 await client.infill(infill(client))  # the load has failed by now
-            assert await asyncio.to_thread(engine.main, ["status", "--listen", str(address)]) == 0
+            assert await asyncio.to_thread(engine.engine_main, ["status", "--listen", str(address)]) == 0
     out = capsys.readouterr().out
     assert "model: nowhere" in out and "state: error" in out and "clients: 1" in out and "queue: 0" in out
-    assert await asyncio.to_thread(engine.main, ["status", "--listen", str(address)]) == 1
+    assert await asyncio.to_thread(engine.engine_main, ["status", "--listen", str(address)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("llada-lsp engine: nothing answers on") and "\n" not in err
 

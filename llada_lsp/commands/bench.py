@@ -48,7 +48,7 @@ def run(engine: Engine, prompt: list[int], gen_length: int, mode: str):
     return engine.generation(prompt, gen_length, mode, eos_early_stop=False).run()
 
 
-def main(argv: list[str] | None = None) -> int:
+def bench_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompt-lengths", default="256,1024,2048", help="comma-separated prompt lengths")
     ap.add_argument("--gen-length", type=int, default=64, help="tokens generated per run (default: 64)")

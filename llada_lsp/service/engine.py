@@ -447,7 +447,7 @@ def _address_of(ap: argparse.ArgumentParser, args: argparse.Namespace, need_toke
     return address, token
 
 
-def main(argv: list[str] | None = None) -> int:
+def engine_main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["status"]:
         return status_main(argv[1:])
@@ -469,4 +469,4 @@ def _run(coroutine: Awaitable[int]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(engine_main())

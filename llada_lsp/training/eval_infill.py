@@ -115,7 +115,7 @@ def paired(tasks, a: list[str], b: list[str]) -> tuple[int, int, float]:
     return only_a, only_b, p
 
 
-def main(argv: list[str] | None = None) -> int:
+def eval_infill_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp eval-infill", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="model folder (default: the embedded model)")
     ap.add_argument("--n", type=int, default=100, help="tasks per kind (default: 100)")
@@ -179,4 +179,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(eval_infill_main())

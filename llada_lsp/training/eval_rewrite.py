@@ -91,7 +91,7 @@ def parses(text: str) -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
+def eval_rewrite_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp eval-rewrite", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="model folder or cached Hugging Face id (default: the embedded model)")
     ap.add_argument("--n", type=int, default=20, help="selections per kind (default: 20, so 60 in all)")
@@ -149,4 +149,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(eval_rewrite_main())

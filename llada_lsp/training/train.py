@@ -80,7 +80,7 @@ def get_tokenizer(out: Path, train_texts: list[str], vocab_size: int):
     return tok
 
 
-def main(argv: list[str] | None = None) -> int:
+def train_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp train", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("runs/tiny"), help="run folder (checkpoints, tokenizer)")
@@ -273,4 +273,4 @@ def export(model: LLaDA2, tokenizer, folder: Path) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(train_main())
