@@ -23,13 +23,8 @@ BLOCK_CAUSAL = ("bc45", "bc64", "bc100_masks")  # the forward cases with the mas
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+def one_thread(one_thread_per_module):
+    """One torch thread for the module (conftest.torch_threads says why)."""
 
 
 def row_errors(logits: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,21 +8,14 @@ import ast
 import threading
 
 import pytest
-import torch
 
 from llada_lsp.completion import pipeline as jobs
 from llada_lsp.training.corpus import is_held_out
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread (two spin against each other on a busy machine); restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+def one_thread(one_thread_per_module):
+    """One torch thread for the module (conftest.torch_threads says why)."""
 
 
 # From the standard library's copy.py (held out); <CURSOR> marks the hole: the rest of a line was

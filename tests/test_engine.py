@@ -12,14 +12,8 @@ from llada_lsp import Engine, load_model
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread (two spin against each other on a busy machine); restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+def one_thread(one_thread_per_module):
+    """One torch thread for the module (conftest.torch_threads says why)."""
 
 
 @pytest.fixture(scope="module")

@@ -42,15 +42,8 @@ def sample_then_rest():
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: on a busy machine two threads spin against each other (a case then takes
-    10x longer). Restored afterwards: later tests see the count they would have seen."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+def one_thread(one_thread_per_module):
+    """One torch thread for the module (conftest.torch_threads says why)."""
 
 
 @pytest.fixture(scope="module")

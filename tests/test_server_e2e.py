@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-import torch
 from lsprotocol import types as t
 from pygls.exceptions import JsonRpcException
 from pygls.protocol.json_rpc import JsonRPCRequestMessage
@@ -263,17 +262,6 @@ def untrained_model(tmp_path_factory) -> str:
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(EMBEDDED_MODEL / name, folder / name)
     return str(folder)
-
-
-@pytest.fixture()
-def one_torch_thread():
-    """This process's torch on one thread, as the servers run; the previous count is restored."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("which", ["embedded", "untrained"])

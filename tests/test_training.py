@@ -13,16 +13,6 @@ from llada_lsp.training.corpus import is_held_out, iter_files
 from llada_lsp.training.objective import cut_hole, noise_batch, training_mask
 
 
-@pytest.fixture()
-def restore_threads():
-    """train and eval-infill set torch's thread count (--threads): put back what later tests had."""
-    before = torch.get_num_threads()
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def test_training_mask_hides_the_noisy_copy_from_later_blocks():
     allow = training_mask(64, 32)  # [clean 0..63 | noisy 64..127]
     assert allow[40, 10] and not allow[10, 40]  # clean: block-causal
