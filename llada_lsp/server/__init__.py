@@ -1,4 +1,5 @@
-"""The language server (pygls): settings, positions, prompts, post-processing, the model thread, handlers.
+"""The LSP front (pygls): handlers, documents, positions, settings, the headless client, and the
+completer that sends text to the model (in this process, or in the engine service).
 
-Only `main` and `headless` know pygls; the rest are plain functions and classes over text and ids.
+Only `main` and `headless` know pygls; nothing here imports torch, transformers or tokenizers.
 """
