@@ -25,13 +25,16 @@ class ModelUnavailable(RuntimeError):
     """The model is not loaded (it failed to load, or the worker has stopped)."""
 
 
+LOAD_KEY = "\0load"  # a newer load supersedes a queued one; no request key (a URI, "conn:key") is like it
+
+
 class Ticket:
     """One queued job: its result future, its cancel flag and its step count (for the log)."""
 
     def __init__(self, key: str | None, label: str, job: Callable, on_draft: Callable | None, loop,
-                 step_delay: float = 0.0):  # fmt: skip
+                 step_delay: float = 0.0, loads: bool = False):  # fmt: skip
         self.key, self.label, self.job, self.on_draft, self.loop = key, label, job, on_draft, loop
-        self.step_delay = step_delay
+        self.step_delay, self.loads = step_delay, loads  # loads: a model load, run without a model
         self.future: Future = Future()  # never set running, so cancel() always wins until a result is set
         self._cancelled = threading.Event()
         self.steps = 0
@@ -92,7 +95,7 @@ class ModelWorker:
         def job(ticket: Ticket) -> LoadedModel:
             return self.loader(spec, lambda msg, pct: self._to_loop(report, msg, pct))
 
-        return self._enqueue(Ticket("$model", f"load {spec.name}", job, None, self.loop))
+        return self._enqueue(Ticket(LOAD_KEY, f"load {spec.name}", job, None, self.loop, loads=True))
 
     def submit(self, key: str | None, label: str, job: Callable[[LoadedModel, Ticket], Any],
                on_draft: Callable[[int, Any], None] | None = None) -> Ticket:  # fmt: skip
@@ -143,7 +146,7 @@ class ModelWorker:
             if ticket.is_set():
                 continue
             started = time.perf_counter()
-            self._run_load(ticket) if ticket.key == "$model" else self._run_job(ticket)
+            self._run_load(ticket) if ticket.loads else self._run_job(ticket)
             self._log_job(ticket, time.perf_counter() - started)
 
     def _run_load(self, ticket: Ticket) -> None:
@@ -177,7 +180,7 @@ class ModelWorker:
 
     def _log_job(self, ticket: Ticket, seconds: float) -> None:
         """One log line per job; for a cancelled one, how many steps ran after the cancel (at most one)."""
-        if ticket.key == "$model":
+        if ticket.loads:
             failed = not ticket.future.cancelled() and ticket.future.exception()
             line = f"{ticket.label}: {f'failed: {failed}' if failed else 'done'} in {seconds * 1000:.0f} ms"
         else:
