@@ -6,6 +6,8 @@ Knows nothing of the LSP, pygls or threads: plain values in and out, drafts thro
 
 from __future__ import annotations
 
+import argparse
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
@@ -20,6 +22,8 @@ if TYPE_CHECKING:  # torch is imported on the model thread, when a model loads, 
     from ..engine import Engine
 
 MIN_PROMPT = 32  # positions always left to the prompt when a completion length is clamped to the model
+MAX_TOKENS = 64  # a completion's length, unless a request says otherwise (the server's maxCompletionTokens)
+CONTEXT_TOKENS = 1024  # the prompt's budget, unless a request says otherwise (the server's contextTokens)
 
 
 class Flag(Protocol):
@@ -36,6 +40,17 @@ class ModelSpec:
     @property
     def name(self) -> str:
         return self.path or "embedded"
+
+
+def add_model_arguments(ap: argparse.ArgumentParser) -> None:
+    """The command-line options of a ModelSpec, for the processes that load a model (the language
+    server in-process, the engine service)."""
+    ap.add_argument("--model", metavar="PATH|HF-ID", help="a model folder or a Hugging Face id in the local cache "
+                    "(nothing is downloaded); default: the embedded tiny model")  # fmt: skip
+    ap.add_argument("--device", help="cpu, cuda or cuda:N; default: cuda if available, else cpu")
+    ap.add_argument("--dtype", help="float32, bfloat16, float16 or float64; default: bfloat16 on CUDA, float32 on CPU")
+    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                    help="CPU threads of the model (default: half the cores, the rest left to the editors)")  # fmt: skip
 
 
 @dataclass

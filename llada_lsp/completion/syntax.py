@@ -25,9 +25,9 @@ def is_python(language_id: str, uri: str) -> bool:
 def check_rewrite(text: str, start: int, end: int, new: str, python: bool) -> str | None:
     """Why replacing text[start:end] by `new` would break code that was well formed; None if it would not."""
     if python:
-        before = _python_error(text)
+        before = python_error(text)
         if before is None:
-            after = _python_error(text[:start] + new + text[end:])
+            after = python_error(text[:start] + new + text[end:])
             if after is not None:
                 return f"the rewrite would leave the file unparsable ({after})"
             return None
@@ -38,7 +38,8 @@ def check_rewrite(text: str, start: int, end: int, new: str, python: bool) -> st
     return None
 
 
-def _python_error(source: str) -> str | None:
+def python_error(source: str) -> str | None:
+    """Why `source` is not Python that parses (message and line), or None if it parses."""
     try:
         with warnings.catch_warnings():  # invalid escapes and the like warn; they still parse
             warnings.simplefilter("ignore")

@@ -13,9 +13,10 @@ import time
 from typing import Any, Callable
 
 from .. import wire
-from ..errors import Refused
-from ..service.client import EngineClient, EngineFailure
 from ..completion.pipeline import CHARS_PER_TOKEN, Infill, ModelSpec, Outcome, Rewrite, run_infill, run_rewrite, window
+from ..errors import Refused
+from ..service.address import parse_address
+from ..service.client import EngineClient, EngineFailure
 from ..service.worker import ModelUnavailable, ModelWorker, Ticket
 
 Job = Infill | Rewrite
@@ -70,8 +71,10 @@ class RemoteCompleter:
 
     RETRY_SECONDS = 1.0
 
-    def __init__(self, client: EngineClient, address: str, token: str | None, log: Callable[[str], None]):
-        self.client, self.address, self.token, self.log = client, address, token, log
+    def __init__(self, client: EngineClient, target: str | None, token: str | None, log: Callable[[str], None]):
+        """`target`: the address asked for (None: the default socket)."""
+        self.client, self.target, self.token, self.log = client, target, token, log
+        self.address = str(parse_address(target))  # where it is, for messages and status
         self._last: wire.Status | None = None
         self._tried = 0.0
         self._keys: dict[str, asyncio.Task] = {}
@@ -81,7 +84,7 @@ class RemoteCompleter:
     async def connect(cls, address: str | None, token: str | None, log: Callable[[str], None]) -> "RemoteCompleter":
         """Raises EngineFailure when nothing answers or the service refuses the hello."""
         client = await EngineClient.connect(address, "llada-lsp", token)
-        return cls(client, address or "default socket", token, log)
+        return cls(client, address, token, log)
 
     def _on_status(self, status: wire.Status) -> None:
         self._last = status
@@ -93,8 +96,7 @@ class RemoteCompleter:
             raise CompletionFailed(f"the engine service at {self.address} is unavailable: {self.client.gone.message}")
         self._tried = time.monotonic()
         try:
-            client = await EngineClient.connect(None if self.address == "default socket" else self.address,
-                                                "llada-lsp", self.token, on_status=self._on_status)  # fmt: skip
+            client = await EngineClient.connect(self.target, "llada-lsp", self.token, on_status=self._on_status)
         except EngineFailure as err:
             raise CompletionFailed(f"the engine service at {self.address} is unavailable: {err.message}") from None
         self.log(f"reconnected to the engine service at {self.address}")
@@ -110,10 +112,7 @@ class RemoteCompleter:
 
     async def run(self, key: str, label: str, job: Job, on_draft: DraftCallback | None) -> Outcome:
         client = await self._connected()
-        previous = self._keys.get(key)
-        if previous is not None and not previous.done():
-            previous.cancel()  # as the local worker does: the newer request supersedes
-        self._keys[key] = asyncio.current_task()
+        self._keys[key] = asyncio.current_task()  # the service supersedes the older request of the key
         request = _message(client.next_id(), key, job, on_draft is not None)
         try:
             if isinstance(request, wire.Infill):
@@ -121,7 +120,7 @@ class RemoteCompleter:
             else:
                 done = await client.rewrite(request, on_draft)
         except EngineFailure as err:
-            if err.kind == "cancelled":  # superseded by the same key, from another path
+            if err.kind == "cancelled":  # superseded by a newer request with the same key
                 raise asyncio.CancelledError() from None
             raise CompletionFailed(err.message if err.kind != "engine_gone" else
                                    f"the engine service at {self.address} is gone: {err.message}") from None  # fmt: skip

@@ -26,15 +26,16 @@ from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol, default_converter, lsp_method
 
 from .. import __version__
-from .documents import Document, Documents
+from ..completion.pipeline import Infill, ModelSpec, Outcome, Rewrite, add_model_arguments
+from ..completion.syntax import is_python
 from ..service.address import parse_address, read_token
 from ..service.client import EngineFailure
+from ..service.loop import run as run_loop
+from ..service.worker import ModelWorker, Ticket, step_delay_from_env
 from .completers import CompletionFailed, LocalCompleter, RemoteCompleter
-from ..completion.pipeline import Infill, ModelSpec, Outcome, Rewrite
+from .documents import Document, Documents
 from .positions import UTF8, UTF16
 from .settings import MODES, Settings, parse_settings, settings_section
-from ..completion.syntax import is_python
-from ..service.worker import ModelWorker, Ticket
 
 logger = logging.getLogger(__name__)
 
@@ -180,14 +181,6 @@ def _is_pipe(stream) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
 
 
-def _run_loop(coroutine) -> None:
-    try:
-        import uvloop
-    except ImportError:  # optional (not on Windows): the standard loop
-        return asyncio.run(coroutine)
-    return uvloop.run(coroutine)
-
-
 def _why(error: BaseException | None) -> str:
     if isinstance(error, cattrs.BaseValidationError):
         return "; ".join(cattrs.transform_error(error))
@@ -229,7 +222,7 @@ class LladaServer(LanguageServer):
                             logger=logger, error_handler=self.report_server_error)  # fmt: skip
 
         try:
-            _run_loop(serve())
+            run_loop(serve())
         except BrokenPipeError:
             logger.error("the client closed the connection")
         except KeyboardInterrupt:
@@ -291,10 +284,15 @@ class LladaServer(LanguageServer):
             return True
         return False
 
+    @property
+    def engine_choice(self) -> str:
+        """"local", "auto" or a service's address: the setting, else the command line's --engine."""
+        return self.settings.engine or self.launch.engine
+
     async def start_engine(self) -> None:
         """The engine service if one is asked for (or, with `auto`, answers at the default socket),
         else the model in this process."""
-        choice = self.settings.engine or self.launch.engine
+        choice = self.engine_choice
         if choice != "local":
             address = None if choice == "auto" else choice
             try:
@@ -315,11 +313,19 @@ class LladaServer(LanguageServer):
         self.completer = LocalCompleter(ModelWorker(asyncio.get_running_loop(), self.log, self.launch.step_delay))
         self.start_load()
 
-    async def completer_for_request(self) -> LocalCompleter | RemoteCompleter:
-        if self.completer is None and (self.settings.engine or self.launch.engine) not in ("local", "auto"):
+    async def reach_engine(self) -> None:
+        """Tries again to reach a named service that did not answer, or that went away (at most once
+        a second: see RemoteCompleter)."""
+        if isinstance(self.completer, RemoteCompleter):
+            await self.completer.refresh()
+        elif self.completer is None and self.engine_choice not in ("local", "auto"):
             if self._reconnect is None or self._reconnect.done():
                 self._reconnect = asyncio.ensure_future(self.start_engine())
             await asyncio.shield(self._reconnect)
+
+    async def completer_for_request(self) -> LocalCompleter | RemoteCompleter:
+        if self.completer is None:
+            await self.reach_engine()
         if self.completer is None:
             raise JsonRpcException("llada: no engine: the server is not initialized or the service is unreachable",
                                    code=REQUEST_FAILED)  # fmt: skip
@@ -329,8 +335,7 @@ class LladaServer(LanguageServer):
         assert isinstance(self.completer, LocalCompleter)
         spec = ModelSpec(self.settings.model, self.launch.device, self.launch.dtype, self.launch.threads)
         self._load_ticket = ticket = self.completer.load(spec, self._on_load_report)
-        loop = asyncio.get_running_loop()
-        ticket.future.add_done_callback(lambda f: loop.call_soon_threadsafe(self._on_loaded, f, spec))
+        ticket.when_done(lambda future: self._on_loaded(future, spec))
         return ticket
 
     def _on_load_report(self, message: str, percent: int) -> None:
@@ -367,11 +372,9 @@ class LladaServer(LanguageServer):
         if self.completer is not None:
             out = self.completer.status()
         elif self._engine_error is not None:
-            out = {"engine": self.settings.engine or self.launch.engine, "model": "", "state": "unavailable",
-                   "error": self._engine_error}  # fmt: skip
+            out = {"engine": self.engine_choice, "model": "", "state": "unavailable", "error": self._engine_error}
         else:
-            out = {"engine": self.settings.engine or self.launch.engine, "model": ModelSpec(self.settings.model).name,
-                   "state": "loading"}  # fmt: skip
+            out = {"engine": self.engine_choice, "model": ModelSpec(self.settings.model).name, "state": "loading"}
         return {**out, "inlineMode": self.settings.inline_mode, "rewriteMode": self.settings.rewrite_mode}
 
     # --- documents and positions ----------------------------------------------------------------
@@ -588,13 +591,7 @@ class WorkDone:
 
 async def status(ls: LladaServer, params: types.ExecuteCommandParams) -> dict[str, Any]:
     """Also where a front whose service went away finds it back: clients ask while it is unavailable."""
-    if isinstance(ls.completer, RemoteCompleter):
-        await ls.completer.refresh()
-    elif ls.completer is None and (ls.settings.engine or ls.launch.engine) not in ("local", "auto"):
-        try:
-            await ls.completer_for_request()
-        except JsonRpcException:
-            pass
+    await ls.reach_engine()
     return ls.status()
 
 
@@ -635,16 +632,11 @@ def parser() -> argparse.ArgumentParser:
         "initializationOptions and workspace/didChangeConfiguration (see docs/protocol.md).",
     )
     ap.add_argument("--tcp", metavar="HOST:PORT", help="serve one client over TCP instead of stdio")
-    ap.add_argument("--model", metavar="PATH|HF-ID", help="a model folder or a Hugging Face id in the local cache "
-                    "(nothing is downloaded); default: the embedded tiny model")  # fmt: skip
-    ap.add_argument("--device", help="cpu, cuda or cuda:N; default: cuda if available, else cpu")
-    ap.add_argument("--dtype", help="float32, bfloat16, float16 or float64; default: bfloat16 on CUDA, float32 on CPU")
+    add_model_arguments(ap)
     ap.add_argument("--inline-mode", choices=MODES, default="speed",
                     help="decoding preset of inline completions (default: speed)")  # fmt: skip
     ap.add_argument("--rewrite-mode", choices=MODES, default="quality",
                     help="decoding preset of rewrites (default: quality)")  # fmt: skip
-    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
-                    help="CPU threads of the model (default: half the cores, the rest left to the editor)")  # fmt: skip
     ap.add_argument("--engine", default="auto", metavar="auto|local|unix:PATH|tcp://HOST:PORT",
                     help="where the model runs: an engine service (`llada-lsp engine`) at an address, `local` (in this "
                     "process), or `auto` (default): the service at the default socket if one answers, else local. "
@@ -660,7 +652,6 @@ def serve_main(argv: list[str] | None = None) -> int:
     log_format = "llada-lsp %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format=log_format)
     defaults = Settings(model=args.model, inline_mode=args.inline_mode, rewrite_mode=args.rewrite_mode)
-    step_delay = float(os.environ.get("LLADA_LSP_TEST_STEP_DELAY_MS", "0") or 0) / 1000
     token = None
     try:
         if args.engine not in ("auto", "local"):
@@ -669,7 +660,7 @@ def serve_main(argv: list[str] | None = None) -> int:
             token = read_token(args.token_file)
     except (ValueError, OSError) as err:
         parser().error(str(err))
-    launch = Launch(defaults, args.device, args.dtype, max(1, args.threads), step_delay, args.engine, token)
+    launch = Launch(defaults, args.device, args.dtype, max(1, args.threads), step_delay_from_env(), args.engine, token)
     ls = create_server(launch)
     if args.tcp:
         host, _, port = args.tcp.rpartition(":")

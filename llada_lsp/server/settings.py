@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..completion.pipeline import CONTEXT_TOKENS, MAX_TOKENS
 from ..service.address import parse_address
 
 MODES = ("speed", "quality")
@@ -22,8 +23,8 @@ class Settings:
     model: str | None = field(default=None, metadata={"kind": "model"})  # None: the embedded model
     inline_mode: str = field(default="speed", metadata={"choices": MODES})
     rewrite_mode: str = field(default="quality", metadata={"choices": MODES})
-    max_completion_tokens: int = field(default=64, metadata={"range": (1, 512)})
-    context_tokens: int = field(default=1024, metadata={"range": (64, 8192)})
+    max_completion_tokens: int = field(default=MAX_TOKENS, metadata={"range": (1, 512)})
+    context_tokens: int = field(default=CONTEXT_TOKENS, metadata={"range": (64, 8192)})
     # Where the model runs (read at `initialize`; None: the command line's --engine).
     engine: str | None = field(default=None, metadata={"kind": "engine"})
 

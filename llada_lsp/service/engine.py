@@ -26,13 +26,14 @@ import sys
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Sequence
 
 from .. import wire
-from ..completion.pipeline import (Infill, InstructionUnsupported, LoadedModel, ModelSpec, Outcome, Rewrite, run_infill,
-                           run_rewrite)  # fmt: skip
+from ..completion.pipeline import (Infill, InstructionUnsupported, LoadedModel, ModelSpec, Outcome, Rewrite,
+                                   add_model_arguments, run_infill, run_rewrite)  # fmt: skip
 from ..completion.prompt import SelectionTooLong
-from .worker import ModelUnavailable, ModelWorker, Ticket
+from .loop import run
+from .worker import ModelUnavailable, ModelWorker, Ticket, step_delay_from_env
 from .address import Address, default_socket_path, parse_address, private_folder, read_token
 from .client import EngineClient, EngineFailure
 
@@ -96,7 +97,7 @@ class EngineService:
     def load(self, spec: ModelSpec) -> Ticket:
         """Loads the model on the worker; every connection is told how it goes (status frames)."""
         ticket = self.worker.load(spec, self._on_load_report)
-        ticket.future.add_done_callback(lambda _: _on_loop(self.worker.loop, self._on_loaded, spec))
+        ticket.when_done(lambda _: self._on_loaded(spec))
         return ticket
 
     def _on_load_report(self, message: str, percent: int) -> None:
@@ -216,9 +217,7 @@ class EngineService:
         label = f"{request.type} {session.name}:{request.id}"
         ticket = self.worker.submit(f"{session.id}:{request.key}", label, job, on_draft)
         session.pending[request.id] = ticket
-        # The ticket's future completes on the model thread (or on a cancel): answer on the loop, after
-        # the drafts the job queued there before it returned.
-        ticket.future.add_done_callback(lambda _: _on_loop(self.worker.loop, self._answer, session, request.id, ticket))
+        ticket.when_done(lambda _: self._answer(session, request.id, ticket))  # after its drafts
 
     def _problem(self, session: Session, request: wire.Infill | wire.Rewrite) -> str | None:
         if request.id in session.pending:
@@ -257,13 +256,6 @@ def _answer_of(request_id: int, future: Future) -> wire.Message:
         return wire.Done(request_id, outcome.text, outcome.steps, outcome.seconds, outcome.stopped, outcome.reason)
     kind = next((kind for cls, kind in FAILURES if isinstance(error, cls)), "internal")
     return wire.Failed(request_id, kind, str(error) or type(error).__name__)
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop, fn: Callable, *args: Any) -> None:
-    try:
-        loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:  # the loop has closed (the service is exiting): nobody is listening
-        pass
 
 
 # --- the socket -------------------------------------------------------------------------------------
@@ -410,14 +402,7 @@ def parser() -> argparse.ArgumentParser:
         "llada_lsp/wire.py. Stops on SIGTERM or Ctrl-C, removing its socket. "
         "`llada-lsp engine status [--listen ADDRESS]` asks a running one what it serves.",
     )
-    ap.add_argument("--model", metavar="PATH|HF-ID", help="a model folder or a Hugging Face id in the local cache "
-                    "(nothing is downloaded); default: the embedded tiny model")  # fmt: skip
-    ap.add_argument("--device", help="cpu, cuda or cuda:N; default: cuda if available, else cpu")
-    ap.add_argument("--dtype", help="float32, bfloat16, float16 or float64; default: bfloat16 on CUDA, "
-                    "float32 on CPU")  # fmt: skip
-    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
-                    help="CPU threads of the model (default: half the cores, the rest left to the "
-                    "editors)")  # fmt: skip
+    add_model_arguments(ap)
     _address_arguments(ap)
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                     help="what the service logs on stderr: info is a line per connection and per request "
@@ -456,16 +441,7 @@ def engine_main(argv: list[str] | None = None) -> int:
     address, token = _address_of(ap, args, need_token=True)
     log_format = "llada-lsp engine %(levelname)s: %(message)s"
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format=log_format)
-    step_delay = float(os.environ.get("LLADA_LSP_TEST_STEP_DELAY_MS", "0") or 0) / 1000  # test hook, see ModelWorker
-    return _run(serve(args, address, token, step_delay))
-
-
-def _run(coroutine: Awaitable[int]) -> int:
-    try:
-        import uvloop
-    except ImportError:  # optional (not on Windows): the standard loop
-        return asyncio.run(coroutine)
-    return uvloop.run(coroutine)
+    return run(serve(args, address, token, step_delay_from_env()))
 
 
 if __name__ == "__main__":

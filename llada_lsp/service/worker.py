@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
-from ..errors import CheckpointError, Refused
 from ..completion.pipeline import LoadedModel, ModelSpec, load
+from ..errors import CheckpointError, Refused
+from .loop import call_on_loop
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +56,7 @@ class Ticket:
         callback, on the loop."""
         self.steps = step
         if payload is not None and self.on_draft is not None and not self.is_set():
-            try:
-                self.loop.call_soon_threadsafe(self._deliver, step, payload)
-            except RuntimeError:  # the loop has closed under a job being cancelled: nobody is listening
-                pass
+            call_on_loop(self.loop, self._deliver, step, payload)
         if self.step_delay:
             time.sleep(self.step_delay)
 
@@ -65,11 +64,21 @@ class Ticket:
         if not self.is_set():  # a cancel that arrived meanwhile drops the draft
             self.on_draft(step, payload)
 
+    def when_done(self, fn: Callable[[Future], None]) -> None:
+        """`fn(future)` on the loop once the ticket is answered or cancelled (futures complete on the
+        model thread); after the drafts the job queued before it returned."""
+        self.future.add_done_callback(lambda future: call_on_loop(self.loop, fn, future))
+
     def resolve(self, value: Any = None, error: BaseException | None = None) -> None:
         try:
             self.future.set_exception(error) if error is not None else self.future.set_result(value)
         except InvalidStateError:  # cancelled meanwhile: nobody waits for it
             pass
+
+
+def step_delay_from_env() -> float:
+    """The test hook LLADA_LSP_TEST_STEP_DELAY_MS (see ModelWorker), in seconds; 0 when unset."""
+    return float(os.environ.get("LLADA_LSP_TEST_STEP_DELAY_MS", "0") or 0) / 1000
 
 
 class ModelWorker:
@@ -93,7 +102,7 @@ class ModelWorker:
         self.state, self.error, self.spec = "loading", None, spec
 
         def job(ticket: Ticket) -> LoadedModel:
-            return self.loader(spec, lambda msg, pct: self._to_loop(report, msg, pct))
+            return self.loader(spec, lambda msg, pct: call_on_loop(self.loop, report, msg, pct))
 
         return self._enqueue(Ticket(LOAD_KEY, f"load {spec.name}", job, None, self.loop, loads=True))
 
@@ -127,15 +136,9 @@ class ModelWorker:
                 previous.cancel()
             self._latest[ticket.key] = ticket
             # _latest is only touched on the loop; the future may complete on the model thread.
-            ticket.future.add_done_callback(lambda _: self._to_loop(self._forget, ticket))
+            ticket.when_done(lambda _: self._forget(ticket))
         self._queue.put(ticket)
         return ticket
-
-    def _to_loop(self, fn: Callable, *args) -> None:
-        try:
-            self.loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop has closed (the server is exiting): nobody is listening
-            pass
 
     def _forget(self, ticket: Ticket) -> None:
         if self._latest.get(ticket.key) is ticket:
@@ -188,4 +191,4 @@ class ModelWorker:
             if ticket.steps_at_cancel is not None:
                 line += f", cancelled ({ticket.steps - ticket.steps_at_cancel} steps after the cancel)"
         # Queued behind the answer: the request's task wakes on the loop's next turn, the log after it.
-        self._to_loop(self.loop.call_soon, self.log, line)
+        call_on_loop(self.loop, self.loop.call_soon, self.log, line)

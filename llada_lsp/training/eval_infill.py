@@ -25,7 +25,6 @@ from tqdm import tqdm
 
 from ..engine import PRESETS
 from ..completion import pipeline as jobs
-from ..server.settings import Settings
 from .corpus import iter_files
 from .objective import cut_hole
 
@@ -136,7 +135,6 @@ def eval_infill_main(argv: list[str] | None = None) -> int:
     if not model.codec.special.has_fim:
         print("llada-lsp eval-infill: the model's tokenizer has no FIM tokens", file=sys.stderr)
         return 2
-    settings = Settings()
     tasks = make_tasks(args.n, args.seed)
     by_kind = {kind: [t for t in tasks if t.kind == kind] for kind in kinds}
     results: dict[str, dict[str, dict]] = {}
@@ -149,8 +147,7 @@ def eval_infill_main(argv: list[str] | None = None) -> int:
             completions, tokens, steps, seconds = [], 0, 0, 0.0
             for t in tqdm(ts, desc=f"{mode} {kind}", leave=False, mininterval=2):
                 # Exactly what the server answers at this cursor: its prompt, decoding and post-processing.
-                job = jobs.Infill(t.prefix + t.suffix, len(t.prefix), mode, settings.max_completion_tokens,
-                                  settings.context_tokens)
+                job = jobs.Infill(t.prefix + t.suffix, len(t.prefix), mode, jobs.MAX_TOKENS, jobs.CONTEXT_TOKENS)
                 out = jobs.run_infill(model, job, threading.Event(), lambda *_: None)
                 completions.append(cut_to_unit(kind, out.text))
                 tokens += len(model.codec.encode(out.text))

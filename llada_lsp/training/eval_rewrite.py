@@ -14,7 +14,6 @@ import argparse
 import ast
 import json
 import random
-import sys
 import threading
 import time
 from collections import Counter
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from ..completion.syntax import python_error
 from .corpus import iter_files
 
 KINDS = ("statement", "function", "partial_line")
@@ -83,14 +83,6 @@ def make_selections(n_per_kind: int, seed: int = 1234) -> list[Selection]:
     return out
 
 
-def parses(text: str) -> bool:
-    try:
-        ast.parse(text)
-    except (SyntaxError, ValueError):
-        return False
-    return True
-
-
 def eval_rewrite_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp eval-rewrite", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="model folder or cached Hugging Face id (default: the embedded model)")
@@ -103,24 +95,22 @@ def eval_rewrite_main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from ..engine import PRESETS
     from ..completion import pipeline as jobs
-    from ..server.settings import Settings
 
     if args.mode not in PRESETS:
         ap.error(f"--mode {args.mode!r}: choose from {', '.join(PRESETS)}")
     model = jobs.load(jobs.ModelSpec(args.model, device="cpu", dtype="float32", threads=args.threads), lambda *_: None)
     selections = make_selections(args.n, args.seed)
-    context = Settings().context_tokens
     rows: list[dict] = []
     started = time.time()
     for sel in tqdm(selections, desc="rewrites", mininterval=2):
-        job = jobs.Rewrite(sel.text, sel.start, sel.end, args.mode, context, None, python=True)
+        job = jobs.Rewrite(sel.text, sel.start, sel.end, args.mode, jobs.CONTEXT_TOKENS, None, python=True)
         try:
             out = jobs.run_rewrite(model, job, threading.Event(), lambda *_: None)
         except ValueError as err:  # too long for the model: refused before decoding
             rows.append({"kind": sel.kind, "stopped": "too long", "reason": str(err), "parses": None, "steps": 0})
             continue
         new_file = sel.text[: sel.start] + out.text + sel.text[sel.end :]
-        rows.append({"kind": sel.kind, "stopped": out.stopped, "reason": out.reason, "parses": parses(new_file),
+        rows.append({"kind": sel.kind, "stopped": out.stopped, "reason": out.reason, "parses": python_error(new_file) is None,
                      "steps": out.steps, "selection": sel.text[sel.start : sel.end], "proposal": out.text,
                      "path": sel.path})  # fmt: skip
     seconds = time.time() - started
