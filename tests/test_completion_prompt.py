@@ -24,7 +24,7 @@ def codec() -> TextCodec:
 
 
 def test_fim_layout_within_budget_prefix_first(codec):
-    cursor = SOURCE.index("def _reuse_prefix") + 20
+    cursor = SOURCE.index("def default_cache_mb") + 20
     for budget in (48, 100, 192, 1024):
         p = infill_prompt(SOURCE[:cursor], SOURCE[cursor:], codec, budget)
         s = codec.special

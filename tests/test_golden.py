@@ -113,9 +113,21 @@ def run_case(model, case, use_cache: bool):
 
 
 def check_case(model, case, use_cache: bool) -> None:
-    """Exact parity: ids, forward count, every trace entry, block ends, the last draft's canvas, and
-    the cache's own counts (which the reference does not make)."""
+    """Exact parity (see check_trace), and the cache's own counts (which the reference does not make)."""
     result, drafts = run_case(model, case, use_cache)
+    check_trace(case, result, drafts)
+    name, P = case["id"], case["prompt_length"]
+    assert result.reused_tokens == 0, name
+    if use_cache:
+        assert result.prefill_forwards == (1 if P >= 32 else 0), name  # whole prompt blocks: one prefill
+        # A block whose last step changed tokens is run again, fused with the next block's first step.
+        assert result.refreshed_blocks == sum(b["last_forward_changed_tokens"] for b in case["blocks"][:-1]), name
+    else:
+        assert result.prefill_forwards == 0 and result.refreshed_blocks == 0, name
+
+
+def check_trace(case, result, drafts) -> None:
+    """Exact parity: ids, forward count, every trace entry, block ends, the last draft's canvas."""
     name = case["id"]
     assert result.tokens == case["output_ids"], name
     assert result.steps == case["num_forward_calls"] == len(drafts), name
@@ -133,13 +145,7 @@ def check_case(model, case, use_cache: bool) -> None:
     hi = (drafts[-1].block + 1) * 32
     assert drafts[-1].generated == case["final_canvas"][P : min(hi, P + G)], name
     assert [d.step for d in drafts] == list(range(1, len(drafts) + 1)), name
-    assert not result.cancelled and result.reused_tokens == 0, name
-    if use_cache:
-        assert result.prefill_forwards == (1 if P >= 32 else 0), name  # whole prompt blocks: one prefill
-        # A block whose last step changed tokens is run again, fused with the next block's first step.
-        assert result.refreshed_blocks == sum(b["last_forward_changed_tokens"] for b in case["blocks"][:-1]), name
-    else:
-        assert result.prefill_forwards == 0 and result.refreshed_blocks == 0, name
+    assert not result.cancelled, name
 
 
 @pytest.mark.parametrize("case_id", sample_then_rest())
@@ -198,3 +204,63 @@ def test_public_generate_api(model64, cases):
     # None ids come from the checkpoint's config.
     assert generate(model64, case["prompt_ids"], gen_length=case["gen_length"], threshold=case["threshold"],
                     editing_threshold=case["editing_threshold"]).tokens == case["output_ids"]  # fmt: skip
+
+
+# --- many sequences at once: the scheduler's batches must not change a single decision ---------------
+def settings_of(engine, case):
+    policy = JointThreshold(case["threshold"], case["editing_threshold"])
+    return engine.settings(case["prompt_ids"], case["gen_length"], policy, case["max_post_steps"],
+                           case["eos_early_stop"], case["mask_token_id"], case["eos_token_id"])  # fmt: skip
+
+
+def run_batch(engine, arrivals: list[tuple[int, dict]]) -> dict:
+    """Adds each case at its step (0: before the first) and steps until all are done; per case id its
+    result, drafts, and the largest batch it ran in. Checks that a finished sequence leaves at once."""
+    scheduler = engine.scheduler
+    names, drafts, results = {}, {}, {}
+    step, arrivals = 0, sorted(arrivals, key=lambda a: a[0])
+    while arrivals or not scheduler.idle():
+        while arrivals and arrivals[0][0] <= step:
+            case = arrivals.pop(0)[1]
+            names[scheduler.add(settings_of(engine, case))] = case["id"]
+            drafts[case["id"]] = []
+        for event in scheduler.step():
+            name = names[event.id]
+            if event.draft is not None:
+                assert name not in results, f"{name}: a draft after its end"
+                drafts[name].append(event.draft)
+            else:
+                results[name] = event.result
+                assert all(names[e.id] != name for e in scheduler.running), f"{name} did not leave"
+        step += 1
+    return {name: (results[name], drafts[name]) for name in names.values()}
+
+
+@pytest.mark.parametrize("order", ["as listed", "reversed"])
+def test_all_cases_as_one_batch(model64, cases, order):
+    """All 22 cases start together (speed, quality and strict rows side by side, prompts and
+    generations of every length): each gives the reference's tokens, steps and trace."""
+    listed = list(cases.values()) if order == "as listed" else list(cases.values())[::-1]
+    engine = Engine(model64, max_batch=len(listed))
+    out = run_batch(engine, [(0, case) for case in listed])
+    for case in listed:
+        check_trace(case, *out[case["id"]])
+    assert engine.scheduler.stats.batch_max == len(listed)
+
+
+def test_cases_joining_and_leaving_mid_way(model64, cases):
+    """Cases arrive every few steps, at most 5 run at a time (the rest wait their turn), and a
+    second pass finds their prompt blocks in the prefix cache: nothing changes a decision."""
+    engine = Engine(model64, max_batch=5)
+    listed = list(cases.values())
+    out = run_batch(engine, [(3 * i, case) for i, case in enumerate(listed)])
+    for case in listed:
+        check_trace(case, *out[case["id"]])
+    stats = engine.scheduler.stats
+    assert stats.batch_max == 5 and 1 < stats.batch_mean < 5
+    again = run_batch(engine, [(2 * i, case) for i, case in enumerate(listed[::-1])])
+    for case in listed:
+        result, drafts = again[case["id"]]
+        check_trace(case, result, drafts)
+        whole = case["prompt_length"] // 32 * 32
+        assert result.reused_tokens == whole and result.prefill_forwards == 0, case["id"]

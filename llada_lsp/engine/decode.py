@@ -1,75 +1,36 @@
-"""Block-diffusion decoding over an exact block KV cache: a generator of drafts, one per denoising step.
+"""Block-diffusion decoding, one generation at a time: a generator of drafts, one per denoising step.
 
-Owns the canvas, the cache's valid prefix and the loop bounds (post steps, EOS, cancellation); the
-step rule is a policy (policy.py). Knows nothing of text, documents or the LSP.
+The batch-of-one case of the scheduler (scheduler.py): the same sequences, cache and batched forward
+that serve many requests at once, so the golden parity tests guard the algorithm the service runs.
+Knows nothing of text, documents or the LSP.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import Iterator
 
 import torch
 
-from ..model import BlockKVCache, LLaDA2
+from ..model import LLaDA2
+from .cache import BlockCache
 from .policy import PRESETS, JointThreshold
+from .scheduler import Scheduler
+from .sequence import BlockStats, CancelFlag, Draft, GenerationResult, Settings
 
+__all__ = ["BlockStats", "CancelFlag", "Draft", "Engine", "Generation", "GenerationResult", "generate"]
 
-class CancelFlag(Protocol):
-    def is_set(self) -> bool: ...
-
-
-@dataclass(frozen=True)
-class Draft:
-    """The state after one denoising step."""
-
-    step: int  # denoising forwards so far in this generation (1-based)
-    block: int  # index of the active block, counted from position 0 of the sequence
-    block_tokens: list[int]  # the active block's ids after the step (prompt tail included)
-    filled: list[int]  # block-relative positions filled from a mask (M2T)
-    edited: list[int]  # block-relative positions overwritten (T2T)
-    generated: list[int]  # everything generated so far, mask ids where still masked
-
-
-@dataclass(frozen=True)
-class BlockStats:
-    block: int
-    forwards: int
-    mask_free_forwards: int
-    end: str  # "converged" | "post_step_budget" | "cancelled"
-    last_forward_changed_tokens: bool
-
-
-@dataclass
-class GenerationResult:
-    tokens: list[int]  # the completion, cut after the first EOS (included)
-    steps: int  # denoising forwards, counted as the reference counts its forwards
-    prefill_forwards: int = 0  # forwards that only filled the cache with prompt blocks
-    refreshed_blocks: int = 0  # blocks re-run (fused into the next block's first step) after a last-step change
-    reused_tokens: int = 0  # prompt tokens whose cached K/V were reused from the previous generation
-    blocks: list[BlockStats] = field(default_factory=list)
-    seconds: float = 0.0
-    cancelled: bool = False
-
-    @property
-    def tokens_per_forward(self) -> float:
-        return len(self.tokens) / max(self.steps, 1)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return len(self.tokens) / self.seconds if self.seconds else 0.0
+DEFAULT_CACHE_MB = {"cpu": 256}  # elsewhere: a quarter of the device's free memory when the engine starts
 
 
 class Generation:
     """Iterate for drafts; `result` is set once iteration ends (normally, by EOS, or by cancel)."""
 
-    def __init__(self, engine: "Engine", prompt_ids: list[int], **settings):
-        self.engine, self.prompt_ids, self.settings = engine, list(prompt_ids), settings
+    def __init__(self, engine: "Engine", settings: Settings):
+        self.engine, self.settings = engine, settings
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[Draft]:
-        return self.engine._run(self, self.prompt_ids, **self.settings)
+        return self.engine._run(self)
 
     def run(self) -> GenerationResult:
         for _ in self:
@@ -78,14 +39,25 @@ class Generation:
 
 
 class Engine:
-    """Decodes with one model and keeps the cache between generations, so a prompt that starts with
-    the same whole blocks as the previous one reuses their K/V. `use_cache=False` recomputes the whole
-    prefix every step: the reference algorithm, kept as the baseline."""
+    """One model, its K/V pool with the prefix cache, and the scheduler over them. `generation` runs
+    one sequence (the scheduler must be otherwise idle); the service drives `scheduler` itself to
+    batch many. A prompt that starts with whole blocks cached by an earlier one reuses their K/V.
+    `use_cache=False` recomputes the whole prefix every step: the reference algorithm, the baseline.
+    `cache_mb`: the pool's size (None: DEFAULT_CACHE_MB); `prefix_cache=False` never reuses a block."""
 
-    def __init__(self, model: LLaDA2, block_size: int = 32, use_cache: bool = True):
+    def __init__(self, model: LLaDA2, block_size: int = 32, use_cache: bool = True, cache_mb: float | None = None,
+                 prefix_cache: bool = True, max_batch: int = 8, max_queue: int = 64):  # fmt: skip
         self.model, self.block_size, self.use_cache = model, block_size, use_cache
-        self.cache: BlockKVCache | None = None
-        self.cached_ids: list[int] = []  # tokens whose K/V in `cache` are valid, from position 0
+        if cache_mb is None:
+            cache_mb = default_cache_mb(model.device)
+        self.cache = BlockCache.for_budget(model.config, cache_mb, block_size, model.device, model.dtype,
+                                           prefix=prefix_cache and use_cache)  # fmt: skip
+        self.scheduler = Scheduler(model, self.cache, max_batch, max_queue, use_cache)
+
+    def settings(self, prompt_ids, gen_length, policy, max_post_steps, eos_early_stop, mask_id, eos_id, cancel=None,
+                 init_ids=(), first_allowed=None, priority: int = 0) -> Settings:  # fmt: skip
+        return Settings(list(prompt_ids), gen_length, policy, max_post_steps, eos_early_stop, mask_id, eos_id, cancel,
+                        list(init_ids), first_allowed, priority)  # fmt: skip
 
     def generation(
         self,
@@ -133,104 +105,36 @@ class Engine:
                 raise ValueError("first_allowed must be a non-empty list of ids inside the vocabulary")
             allowed = torch.zeros(config.vocab_size, dtype=torch.bool, device=self.model.device)
             allowed[torch.tensor(first_allowed, device=self.model.device)] = True
-        return Generation(
-            self, prompt_ids, gen_length=gen_length, policy=policy, max_post_steps=max_post_steps,
-            eos_early_stop=eos_early_stop, mask_id=mask_id, eos_id=eos_id, cancel=cancel, init_ids=init_ids,
-            first_allowed=allowed,
-        )  # fmt: skip
+        return Generation(self, self.settings(
+            prompt_ids, gen_length, policy, max_post_steps, eos_early_stop, mask_id, eos_id, cancel, init_ids, allowed,
+        ))  # fmt: skip
 
-    def _reuse_prefix(self, prompt_ids: list[int], n_blocks: int) -> int:
-        """Length of the cached prefix (whole prompt blocks) still valid for this prompt."""
-        bs = self.block_size
-        if self.cache is None or self.cache.max_len < n_blocks * bs:
-            self.cache = BlockKVCache(self.model.config, n_blocks * bs, self.model.device, self.model.dtype)
-            self.cached_ids = []
-        same = 0
-        for a, b in zip(self.cached_ids, prompt_ids):
-            if a != b:
-                break
-            same += 1
-        return same // bs * bs
-
-    @torch.inference_mode()
-    def _run(self, gen: Generation, prompt, gen_length, policy, max_post_steps, eos_early_stop, mask_id, eos_id, cancel,
-             init_ids=(), first_allowed=None):  # fmt: skip
-        bs, model, device = self.block_size, self.model, self.model.device
-        P = len(prompt)
-        n_blocks = -(-(P + gen_length) // bs)
-        first = P // bs
-        # mirror of the canvas: one sync per step; a draft (init_ids) is editable, never frozen like the prompt
-        host = prompt + list(init_ids) + [mask_id] * (n_blocks * bs - P - len(init_ids))
-        canvas = torch.tensor(host, device=device)
-        result = GenerationResult(tokens=[], steps=0)
-        started = time.perf_counter()
-
-        valid = 0  # K/V of positions [0, valid) in the cache match the canvas
-        if self.use_cache:
-            valid = self._reuse_prefix(prompt, n_blocks)
-            result.reused_tokens = min(valid, first * bs)
-            valid = min(valid, first * bs)
-            self.cached_ids = host[:valid]
-            if valid < first * bs:
-                model(canvas[None, valid : first * bs], cache=self.cache, start=valid, block_size=bs, last_n=0)
-                result.prefill_forwards, valid = 1, first * bs
-
-        for b in range(first, n_blocks):
-            lo, hi = b * bs, (b + 1) * bs
-            frozen = torch.arange(lo, hi, device=device) < P
-            n_masked = host[lo:hi].count(mask_id)
-            forwards = post = 0
-            changed = False
-            end = "converged"
+    def _run(self, gen: Generation) -> Iterator[Draft]:
+        scheduler = self.scheduler
+        if not scheduler.idle():
+            raise RuntimeError("Engine.generation runs one sequence at a time: the scheduler is serving others")
+        seq_id = scheduler.add(gen.settings)
+        try:
             while True:
-                if cancel is not None and cancel.is_set():
-                    result.cancelled, end = True, "cancelled"
-                    break
-                if n_masked == 0:
-                    post += 1
-                    if post > max_post_steps:
-                        end = "post_step_budget"
-                        break
-                start = valid if self.use_cache else 0
-                if self.use_cache and start < lo:
-                    result.refreshed_blocks += 1  # the previous block's final tokens, run with this one
-                logits = model(
-                    canvas[None, start:hi], cache=self.cache if self.use_cache else None,
-                    start=start, block_size=bs, last_n=bs,
-                )[0]  # fmt: skip
-                if first_allowed is not None and lo <= P < hi:
-                    logits[P - lo].masked_fill_(~first_allowed, float("-inf"))
-                valid = lo
-                update = policy.step(canvas[lo:hi], logits, frozen, mask_id)
-                canvas[lo:hi] = update.tokens
-                packed = torch.cat([update.tokens, update.filled.long(), update.edited.long()]).tolist()
-                host[lo:hi] = packed[:bs]
-                filled = [i for i in range(bs) if packed[bs + i]]
-                edited = [i for i in range(bs) if packed[2 * bs + i]]
-                result.steps += 1
-                forwards += 1
-                changed = bool(filled or edited)
-                yield Draft(result.steps, b, packed[:bs], filled, edited, host[P : min(hi, P + gen_length)])
-                was_mask_free, n_masked = n_masked == 0, host[lo:hi].count(mask_id)
-                if was_mask_free and not changed:
-                    break
-            result.blocks.append(BlockStats(b, forwards, max(post - (end == "post_step_budget"), 0), end, changed))
-            if result.cancelled:
-                break
-            if self.use_cache and not changed:
-                valid = hi  # the last forward ran exactly these tokens: their K/V are final
-            done = host[P:hi]
-            if eos_early_stop and eos_id is not None and mask_id not in done and eos_id in done:
-                break
+                for event in scheduler.step():
+                    if event.draft is not None:
+                        yield event.draft
+                    elif event.result is not None:
+                        gen.result = event.result
+                        return
+        finally:  # the consumer stopped iterating early: the sequence leaves, its pages go back
+            if gen.result is None:
+                scheduler.abort(seq_id)
+                while not scheduler.idle():
+                    scheduler.step()
 
-        if self.use_cache:
-            self.cached_ids = host[:valid]
-        out = host[P : P + gen_length]
-        if eos_id is not None and eos_id in out:
-            out = out[: out.index(eos_id) + 1]
-        result.tokens = out
-        result.seconds = time.perf_counter() - started
-        gen.result = result
+
+def default_cache_mb(device: torch.device) -> float:
+    device = torch.device(device)
+    if device.type in DEFAULT_CACHE_MB:
+        return DEFAULT_CACHE_MB[device.type]
+    free, _ = torch.cuda.mem_get_info(device) if device.type == "cuda" else (2**30, None)
+    return free / 4 / 2**20
 
 
 def generate(

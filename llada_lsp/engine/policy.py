@@ -1,6 +1,7 @@
 """Decoding policies: how one denoising step turns logits into filled (M2T) and edited (T2T) tokens.
 
-Pure tensor functions over one active block; the loop, the cache and the model live in decode.py.
+Pure tensor functions over the active blocks of a batch, each row with its own thresholds; the
+sequences, the cache and the model live in sequence.py, cache.py and scheduler.py.
 """
 
 from __future__ import annotations
@@ -10,19 +11,41 @@ from dataclasses import dataclass
 import torch
 
 
-def guesses(logits: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def guesses(logits: torch.Tensor, mask_id: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [..., V] -> (confidence, token) [...]: the greedy token of each position and its softmax
-    probability (the paper's confidence), the mask excluded: a step must never write a mask."""
+    probability (the paper's confidence), the mask excluded: a step must never write a mask.
+    `mask_id`: one id, or one per row of a [B, N, V] batch ([B])."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
-    logits[..., mask_id] = float("-inf")
+    if isinstance(mask_id, torch.Tensor):
+        B, N, _ = logits.shape
+        logits.scatter_(-1, mask_id.view(B, 1, 1).expand(B, N, 1), float("-inf"))
+    else:
+        logits[..., mask_id] = float("-inf")
     return logits.softmax(-1).max(-1)
+
+
+def joint_threshold(tokens, logits, frozen, mask_ids, thresholds, editing) -> "StepUpdate":
+    """One step of the joint-threshold rule for every row of a batch, each with its own thresholds.
+    tokens [B, N], logits [B, N, V], frozen [B, N] bool (prompt positions), mask_ids [B],
+    thresholds / editing: one float per row. Returns a StepUpdate of [B, N] tensors."""
+    conf, argmax = guesses(logits, mask_ids)  # [B, N], [B, N]
+    fill_above = torch.tensor(thresholds, dtype=conf.dtype, device=conf.device)[:, None]
+    edit_above = torch.tensor(editing, dtype=conf.dtype, device=conf.device)[:, None]
+    masked = tokens == mask_ids[:, None]
+    filled = masked & (conf > fill_above)
+    # With no mask above the threshold, the single most confident mask is filled (if any is left).
+    best = conf.masked_fill(~masked, -1.0).argmax(-1, keepdim=True)
+    fallback = torch.zeros_like(masked).scatter_(1, best, True)
+    filled = torch.where(filled.any(-1, keepdim=True), filled, fallback & masked)
+    edited = ~masked & ~frozen & (argmax != tokens) & (conf > edit_above)
+    return StepUpdate(torch.where(filled | edited, argmax, tokens), filled, edited)
 
 
 @dataclass(frozen=True)
 class StepUpdate:
-    tokens: torch.Tensor  # [N] block tokens after the step
-    filled: torch.Tensor  # [N] bool: mask -> token (M2T)
-    edited: torch.Tensor  # [N] bool: token -> token (T2T)
+    tokens: torch.Tensor  # [N] (or [B, N]) block tokens after the step
+    filled: torch.Tensor  # bool: mask -> token (M2T)
+    edited: torch.Tensor  # bool: token -> token (T2T)
 
 
 @dataclass(frozen=True)
@@ -35,15 +58,10 @@ class JointThreshold:
     editing_threshold: float = 0.0
 
     def step(self, tokens: torch.Tensor, logits: torch.Tensor, frozen: torch.Tensor, mask_id: int) -> StepUpdate:
-        """tokens [N], logits [N, V], frozen [N] bool (prompt positions)."""
-        conf, argmax = guesses(logits, mask_id)  # [N], [N]
-        masked = tokens == mask_id
-        filled = masked & (conf > self.threshold)
-        # With no mask above the threshold, the single most confident mask is filled (if any is left).
-        fallback = torch.zeros_like(masked).scatter_(0, conf.masked_fill(~masked, -1.0).argmax().view(1), True)
-        filled = torch.where(filled.any(), filled, fallback & masked)
-        edited = ~masked & ~frozen & (argmax != tokens) & (conf > self.editing_threshold)
-        return StepUpdate(torch.where(filled | edited, argmax, tokens), filled, edited)
+        """One block: tokens [N], logits [N, V], frozen [N] bool (prompt positions)."""
+        ids = torch.tensor([mask_id], device=tokens.device)
+        rows = joint_threshold(tokens[None], logits[None], frozen[None], ids, [self.threshold], [self.editing_threshold])
+        return StepUpdate(rows.tokens[0], rows.filled[0], rows.edited[0])
 
 
 PRESETS: dict[str, JointThreshold] = {

@@ -31,8 +31,9 @@ def block_causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, block_size: int)
 
 
 class BlockKVCache:
-    """Preallocated keys/values of every layer for one sequence. The network writes the K/V of the
-    tokens it runs at their absolute positions; the engine decides which prefix is valid."""
+    """Preallocated keys/values of every layer for one contiguous sequence (a fixed-shape benchmark or
+    test); the engine's own memory is the block pool of engine/cache.py. Both are written through the
+    same verb, `update(layer, k, v)`, on a view that knows where the queries sit."""
 
     def __init__(self, config: LLaDA2Config, max_len: int, device, dtype, batch: int = 1):
         shape = (config.num_hidden_layers, batch, config.num_key_value_heads, max_len, config.head_dim)
@@ -42,6 +43,26 @@ class BlockKVCache:
     @property
     def max_len(self) -> int:
         return self.k.shape[3]
+
+    def at(self, start: int, length: int) -> "ContiguousView":
+        return ContiguousView(self, start, length)
+
+
+class ContiguousView:
+    """Queries at positions [start, start + length) of a BlockKVCache: they attend to [0, start + length)."""
+
+    positions = allow = None  # the model makes them from `start` (block-causal)
+
+    def __init__(self, cache: BlockKVCache, start: int, length: int):
+        self.cache, self.start, self.end = cache, start, start + length
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Writes the queries' K/V [B, K, T, D]; returns every visible key and value [B, K, S, D]."""
+        # Hazard: the K/V written here are those of the tokens *as run now*; a block whose tokens
+        # change afterwards must be run again before a later block may attend to it.
+        self.cache.k[layer, :, :, self.start : self.end] = k
+        self.cache.v[layer, :, :, self.start : self.end] = v
+        return self.cache.k[layer, :, :, : self.end], self.cache.v[layer, :, :, : self.end]
 
 
 class RMSNorm(nn.Module):
@@ -84,20 +105,17 @@ class Attention(nn.Module):
         self.key_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.dense = nn.Linear(self.n_head * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, allow, cache: BlockKVCache | None, start: int):
+    def forward(self, x, cos, sin, allow, kv):
+        """kv: None, or a view whose `update(layer, k, v)` stores this forward's K/V and returns every
+        key and value the queries may see (engine/cache.py's PagedView, or a ContiguousView)."""
         B, T, _ = x.shape
         qkv = self.query_key_value(x).view(B, T, self.n_head + 2 * self.n_kv, self.head_dim)
         q, k, v = qkv.split([self.n_head, self.n_kv, self.n_kv], dim=2)
         q = apply_rope(self.query_layernorm(q).transpose(1, 2), cos, sin)  # [B, H, T, D]
         k = apply_rope(self.key_layernorm(k).transpose(1, 2), cos, sin)  # [B, K, T, D]
         v = v.transpose(1, 2)
-        if cache is not None:
-            # Hazard: the K/V written here are those of the tokens *as run now*; a block whose tokens
-            # change afterwards must be run again before a later block may attend to it.
-            cache.k[self.layer_idx, :, :, start : start + T] = k
-            cache.v[self.layer_idx, :, :, start : start + T] = v
-            k = cache.k[self.layer_idx, :, :, : start + T]
-            v = cache.v[self.layer_idx, :, :, : start + T]
+        if kv is not None:
+            k, v = kv.update(self.layer_idx, k, v)
         if allow is None and flash_attn_func is not None and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
             out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=False)
             out = out.reshape(B, T, -1)
@@ -225,8 +243,8 @@ class DecoderLayer(nn.Module):
         dense = layer_idx < config.first_k_dense_replace
         self.mlp = MLP(config.hidden_size, config.intermediate_size) if dense else SparseMoE(config)
 
-    def forward(self, x, cos, sin, allow, cache, start):
-        x = x + self.attention(self.input_layernorm(x), cos, sin, allow, cache, start)
+    def forward(self, x, cos, sin, allow, kv):
+        x = x + self.attention(self.input_layernorm(x), cos, sin, allow, kv)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -259,24 +277,31 @@ class LLaDA2(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,  # [B, T]
-        positions: torch.Tensor | None = None,  # [T]; default start..start+T-1
+        positions: torch.Tensor | None = None,  # [T] or [B, T]; default start..start+T-1
         allow: torch.Tensor | None = None,  # [T, S] or [B, 1, T, S] bool; default block-causal
         cache: BlockKVCache | None = None,
         start: int = 0,
         block_size: int = 32,
         last_n: int | None = None,  # logits only for the last n rows (0: none, for a prefill)
+        kv=None,  # a view with `update`, `positions` and `allow` (engine/cache.py), instead of cache/start
     ) -> torch.Tensor | None:
         B, T = input_ids.shape
+        if cache is not None:
+            kv = cache.at(start, T)
+        if kv is not None and kv.allow is not None:  # a view of a batch knows each row's positions and mask
+            positions, allow = kv.positions, kv.allow
         if positions is None:
             positions = torch.arange(start, start + T, device=input_ids.device)
-        if allow is None and (cache is None or start // block_size != (start + T - 1) // block_size):
-            keys = torch.arange(start + T, device=input_ids.device) if cache is not None else positions
+        if allow is None and (kv is None or start // block_size != (start + T - 1) // block_size):
+            keys = torch.arange(start + T, device=input_ids.device) if kv is not None else positions
             allow = block_causal_mask(positions, keys, block_size)
         # allow stays None when the queries are one block whose every key is visible: the fast path.
         cos, sin = rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta, self.dtype)
+        if positions.dim() == 2:  # per-row positions: [B, T, r] -> [B, 1, T, r], broadcast over heads
+            cos, sin = cos[:, None], sin[:, None]
         x = self.model.word_embeddings(input_ids)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, allow, cache, start)
+            x = layer(x, cos, sin, allow, kv)
         if last_n == 0:
             return None
         if last_n is not None:

@@ -1,0 +1,223 @@
+"""K/V memory as a pool of fixed-size blocks ("pages"), and a prefix cache over whole blocks.
+
+The pool is allocated once: nothing reallocates inside a step. A sequence holds one page per block of
+its canvas; a page of prompt blocks can be shared with other sequences through the prefix cache, a
+trie keyed by the blocks' token ids. Block-causal attention makes this exact: the K/V of block b
+depend only on the tokens of blocks 0..b at their absolute positions, which is the trie path to b.
+
+Verbs: `allocate` (evicting unreferenced cached blocks, least recently used first), `match` (the
+longest cached run of a prompt's leading blocks, referenced), `commit` (a finished block becomes
+cacheable), `release` (a sequence lets go of its pages), `evict`, and `view` (what one batched
+forward reads and writes). Knows nothing of decoding or of requests.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from ..model import LLaDA2Config
+
+SCRATCH = 0  # page 0 is never handed out: padding queries write there, padding keys read from there
+
+
+class CacheFull(RuntimeError):
+    """No free page is left and none can be evicted (every cached block is in use)."""
+
+
+@dataclass(eq=False)
+class Node:
+    """One cached block: its page, the blocks that follow it, who uses it and when it was last used."""
+
+    page: int
+    key: tuple[int, ...]
+    parent: "Node | None"
+    children: dict[tuple[int, ...], "Node"] = field(default_factory=dict)
+    refs: int = 0
+    used: int = 0
+
+
+@dataclass
+class CacheStats:
+    lookups: int = 0  # whole prompt blocks looked up
+    hits: int = 0  # of which found
+    evictions: int = 0
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.hits / self.lookups if self.lookups else None
+
+
+class BlockCache:
+    """`pages` blocks of `block_size` tokens of every layer's K and V, with the prefix cache on top.
+    `prefix=False` keeps the pool and never shares or keeps a block (the cache off)."""
+
+    def __init__(self, config: LLaDA2Config, pages: int, block_size: int, device, dtype, prefix: bool = True):
+        if pages < 2:
+            raise ValueError("the pool needs at least 2 pages (one is scratch)")
+        self.block_size, self.prefix = block_size, prefix
+        shape = (config.num_hidden_layers, pages * block_size, config.num_key_value_heads, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)  # [L, slots, K, D]; slot = page * bs + offset
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pages = pages
+        self._free = list(range(pages - 1, SCRATCH, -1))  # a stack: pop() hands out low pages first
+        self.root = Node(SCRATCH, (), None)
+        self._cached = 0  # pages owned by trie nodes
+        self._clock = itertools.count(1)
+        self.stats = CacheStats()
+
+    @staticmethod
+    def page_bytes(config: LLaDA2Config, block_size: int, dtype: torch.dtype) -> int:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * itemsize
+
+    @classmethod
+    def for_budget(cls, config: LLaDA2Config, megabytes: float, block_size: int, device, dtype, prefix: bool = True):
+        """A pool of `megabytes`, never smaller than one sequence of the model's full length (+ scratch)."""
+        one = cls.page_bytes(config, block_size, dtype)
+        least = -(-config.max_position_embeddings // block_size) + 1
+        return cls(config, max(least, int(megabytes * 2**20) // one), block_size, device, dtype, prefix)
+
+    # --- counts ------------------------------------------------------------------------------------
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    @property
+    def used(self) -> int:
+        return self.pages - 1 - len(self._free)
+
+    @property
+    def cached(self) -> int:
+        return self._cached
+
+    def evictable(self) -> int:
+        """Pages eviction could free now: cached blocks no sequence uses, with no used block below them."""
+
+        def count(node: Node) -> tuple[int, bool]:  # (evictable in the subtree, subtree wholly free)
+            total, free = 0, True
+            for child in node.children.values():
+                n, f = count(child)
+                total, free = total + n, free and f
+            free = free and node.refs == 0
+            return total + (1 if free and node is not self.root else 0), free
+
+        return count(self.root)[0]
+
+    # --- verbs -------------------------------------------------------------------------------------
+    def allocate(self, n: int) -> list[int]:
+        """`n` private pages, evicting cached blocks if the free ones are too few; CacheFull if even
+        that is not enough (nothing is taken then)."""
+        if n > len(self._free):
+            self.evict(n - len(self._free))
+        if n > len(self._free):
+            raise CacheFull(f"{n} K/V blocks wanted, {len(self._free)} free and none left to evict")
+        return [self._free.pop() for _ in range(n)]
+
+    def match(self, blocks: list[tuple[int, ...]]) -> list[Node]:
+        """The cached nodes of the longest run of `blocks` from the start, each referenced once more
+        (the caller releases them)."""
+        self.stats.lookups += len(blocks)
+        found: list[Node] = []
+        node = self.root
+        if self.prefix:
+            for key in blocks:
+                node = node.children.get(key)
+                if node is None:
+                    break
+                found.append(node)
+        now = next(self._clock)
+        for node in found:
+            node.refs += 1
+            node.used = now
+        self.stats.hits += len(found)
+        return found
+
+    def commit(self, parent: Node | None, key: tuple[int, ...], page: int) -> tuple[Node | None, bool]:
+        """The private `page` holds the final K/V of block `key` after the blocks ending at `parent`
+        (None: the first block). Returns (the block's node, whether the cache took `page`): taken, the
+        node is referenced once by the caller (release it as a node); already cached, the caller keeps
+        its page and does not reference the node. (None, False) with the prefix cache off."""
+        if not self.prefix:
+            return None, False
+        parent = parent or self.root
+        if key in parent.children:
+            return parent.children[key], False
+        node = Node(page, key, parent, refs=1, used=next(self._clock))
+        parent.children[key] = node
+        self._cached += 1
+        return node, True
+
+    def release(self, nodes: list[Node] = (), pages: list[int] = ()) -> None:
+        """A sequence is done with cached `nodes` (they stay cached) and private `pages` (freed)."""
+        now = next(self._clock)
+        for node in nodes:
+            node.refs -= 1
+            node.used = now
+        self._free.extend(reversed(pages))
+
+    def evict(self, n: int) -> int:
+        """Frees up to `n` pages of cached blocks that no sequence uses, least recently used leaves
+        first (a block's children go before it: they are unreachable without it); how many it freed."""
+        leaves = [node for node in self._nodes() if not node.children and node.refs == 0]
+        freed = 0
+        while freed < n and leaves:
+            leaves.sort(key=lambda node: node.used, reverse=True)
+            node = leaves.pop()
+            parent = node.parent
+            del parent.children[node.key]
+            self._free.append(node.page)
+            self._cached -= 1
+            freed += 1
+            if parent is not self.root and not parent.children and parent.refs == 0:
+                leaves.append(parent)
+        self.stats.evictions += freed
+        return freed
+
+    def _nodes(self):
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            yield node
+
+    def view(self, rows: list[tuple[list[int], int, int]], width: int) -> "PagedView":
+        """The view of one batched forward. `rows`: per row (pages by block index, first query
+        position, end position): the row's queries are positions [start, end), right-aligned in a
+        [B, width] query tensor (left padding), and it sees keys [0, end)."""
+        return PagedView(self, rows, width)
+
+
+class PagedView:
+    """Slot tables and the mask of one batched forward: `update(layer, k, v)` writes the queries' K/V
+    into their pages and returns each row's keys [0, end) gathered, padded to the longest row.
+    Padding queries sit at position 0, write to the scratch page and see block 0 only; padding keys
+    read the scratch page and are masked."""
+
+    def __init__(self, cache: BlockCache, rows: list[tuple[list[int], int, int]], width: int):
+        bs, device = cache.block_size, cache.k.device
+        self.cache = cache
+        S = max(end for _, _, end in rows)
+        positions, writes, reads = [], [], []
+        for pages, start, end in rows:
+            pad = width - (end - start)
+            positions.append([0] * pad + list(range(start, end)))
+            writes.extend([SCRATCH * bs + i % bs for i in range(pad)] + [pages[p // bs] * bs + p % bs for p in range(start, end)])
+            reads.append([pages[p // bs] * bs + p % bs for p in range(end)] + [SCRATCH * bs] * (S - end))
+        self.positions = torch.tensor(positions, device=device)  # [B, T]
+        self.writes = torch.tensor(writes, device=device)  # [B * T]
+        self.reads = torch.tensor(reads, device=device)  # [B, S]
+        ends = torch.tensor([end for _, _, end in rows], device=device)
+        keys = torch.arange(S, device=device)
+        allow = (keys[None, None, :] // bs <= self.positions[:, :, None] // bs) & (keys[None, :] < ends[:, None])[:, None]
+        self.allow = allow[:, None]  # [B, 1, T, S]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [B, K, T, D] -> every row's visible keys and values [B, K, S, D]."""
+        B, K, T, D = k.shape
+        pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
+        pool_k.index_copy_(0, self.writes, k.transpose(1, 2).reshape(B * T, K, D))
+        pool_v.index_copy_(0, self.writes, v.transpose(1, 2).reshape(B * T, K, D))
+        return pool_k[self.reads].transpose(1, 2), pool_v[self.reads].transpose(1, 2)

@@ -1,0 +1,196 @@
+"""One generation's state, stepped from outside: which positions the next forward must run, and what
+a step's decisions do to the canvas, the block and the cache's valid prefix.
+
+Host-side only (lists of ids): the scheduler runs the forwards of many sequences at once and hands
+each its rows of the decisions. The loop rules are the reference's: blocks left to right, post steps
+after the last mask, a block ends when a mask-free step changes nothing or the post-step budget is
+spent, EOS early stop after a block, cancellation checked before every forward.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from .policy import JointThreshold
+
+
+class CancelFlag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Draft:
+    """The state after one denoising step."""
+
+    step: int  # denoising forwards so far in this generation (1-based)
+    block: int  # index of the active block, counted from position 0 of the sequence
+    block_tokens: list[int]  # the active block's ids after the step (prompt tail included)
+    filled: list[int]  # block-relative positions filled from a mask (M2T)
+    edited: list[int]  # block-relative positions overwritten (T2T)
+    generated: list[int]  # everything generated so far, mask ids where still masked
+
+
+@dataclass(frozen=True)
+class BlockStats:
+    block: int
+    forwards: int
+    mask_free_forwards: int
+    end: str  # "converged" | "post_step_budget" | "cancelled"
+    last_forward_changed_tokens: bool
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # the completion, cut after the first EOS (included)
+    steps: int  # denoising forwards, counted as the reference counts its forwards
+    prefill_forwards: int = 0  # forwards that only filled the cache with prompt blocks
+    refreshed_blocks: int = 0  # blocks re-run (fused into the next block's first step) after a last-step change
+    reused_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
+    blocks: list[BlockStats] = field(default_factory=list)
+    seconds: float = 0.0
+    cancelled: bool = False
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return len(self.tokens) / max(self.steps, 1)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds else 0.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A validated generation request (Engine.generation checks it)."""
+
+    prompt: list[int]
+    gen_length: int
+    policy: JointThreshold
+    max_post_steps: int
+    eos_early_stop: bool
+    mask_id: int
+    eos_id: int | None
+    cancel: CancelFlag | None = None
+    init_ids: list[int] = field(default_factory=list)
+    first_allowed: torch.Tensor | None = None  # [V] bool: the only ids the first generated position may hold
+    priority: int = 0  # lower runs first when rows are short (inline completions 0, rewrites 1)
+
+
+class Sequence:
+    """The canvas of one generation and where its decoding stands. Between forwards: `ready()` says
+    whether it runs in the next one (False: finished, `result` set); `queries()` the positions to
+    run; `apply(...)` takes that forward's decisions for its active block and returns the draft."""
+
+    def __init__(self, settings: Settings, block_size: int, use_cache: bool = True):
+        self.settings, self.bs, self.use_cache = settings, block_size, use_cache
+        s = settings
+        self.P = P = len(s.prompt)
+        self.n_blocks = -(-(P + s.gen_length) // block_size)
+        self.first = P // block_size  # the first block with a position to generate
+        # a draft (init_ids) is editable, never frozen like the prompt
+        self.host = s.prompt + list(s.init_ids) + [s.mask_id] * (self.n_blocks * block_size - P - len(s.init_ids))
+        self.result = GenerationResult(tokens=[], steps=0)
+        self.started = time.perf_counter()
+        self.valid = 0  # K/V of positions [0, valid) in the sequence's pages match the canvas
+        self.finished = False
+        self.aborted = False  # Scheduler.abort
+        self._enter(self.first)
+
+    # --- the block loop ----------------------------------------------------------------------------
+    def _enter(self, b: int) -> None:
+        self.b, self.lo, self.hi = b, b * self.bs, (b + 1) * self.bs
+        self.n_masked = self.host[self.lo : self.hi].count(self.settings.mask_id)
+        self.forwards = self.post = 0
+        self.changed = False
+        self.end = "converged"
+
+    def ready(self) -> bool:
+        """Before a forward: True if this sequence needs one; otherwise it has just finished."""
+        while not self.finished:
+            if self.cancelled():
+                self.result.cancelled, self.end = True, "cancelled"
+                self._close_block()
+                continue
+            if self.n_masked == 0:
+                self.post += 1
+                if self.post > self.settings.max_post_steps:
+                    self.end = "post_step_budget"
+                    self._close_block()
+                    continue
+            return True
+        return False
+
+    def cancelled(self) -> bool:
+        cancel = self.settings.cancel
+        return self.aborted or (cancel is not None and cancel.is_set())
+
+    def queries(self) -> tuple[int, int]:
+        """Positions [start, hi) the next forward runs: from the end of the valid cache (which may
+        include the previous block, whose last step changed it) to the end of the active block."""
+        return (self.valid if self.use_cache else 0), self.hi
+
+    def apply(self, start: int, tokens: list[int], filled: list[bool], edited: list[bool]) -> Draft:
+        """The forward over [start, hi) ran; its decisions for the active block (N = block size each)."""
+        if self.use_cache and start < self.lo:
+            self.result.refreshed_blocks += 1  # the previous block's final tokens, run with this one
+        self.valid = self.lo if self.use_cache else 0
+        lo, hi, bs = self.lo, self.hi, self.bs
+        self.host[lo:hi] = tokens
+        fills = [i for i in range(bs) if filled[i]]
+        edits = [i for i in range(bs) if edited[i]]
+        self.result.steps += 1
+        self.forwards += 1
+        self.changed = bool(fills or edits)
+        P, G = self.P, self.settings.gen_length
+        draft = Draft(self.result.steps, self.b, list(tokens), fills, edits, self.host[P : min(hi, P + G)])
+        was_mask_free, self.n_masked = self.n_masked == 0, self.host[lo:hi].count(self.settings.mask_id)
+        if was_mask_free and not self.changed:
+            self._close_block()
+        return draft
+
+    def _close_block(self) -> None:
+        r = self.result
+        r.blocks.append(BlockStats(self.b, self.forwards, max(self.post - (self.end == "post_step_budget"), 0),
+                                   self.end, self.changed))  # fmt: skip
+        if r.cancelled:
+            return self._finish()
+        if self.use_cache and not self.changed:
+            self.valid = self.hi  # the last forward ran exactly these tokens: their K/V are final
+        s = self.settings
+        done = self.host[self.P : self.hi]
+        if s.eos_early_stop and s.eos_id is not None and s.mask_id not in done and s.eos_id in done:
+            return self._finish()
+        if self.b + 1 >= self.n_blocks:
+            return self._finish()
+        self._enter(self.b + 1)
+
+    def _finish(self) -> None:
+        s = self.settings
+        out = self.host[self.P : self.P + s.gen_length]
+        if s.eos_id is not None and s.eos_id in out:
+            out = out[: out.index(s.eos_id) + 1]
+        self.result.tokens = out
+        self.result.seconds = time.perf_counter() - self.started
+        self.finished = True
+
+    # --- what the scheduler asks -------------------------------------------------------------------
+    @property
+    def frozen(self) -> list[bool]:
+        """The active block's prompt positions."""
+        return [self.lo + i < self.P for i in range(self.bs)]
+
+    @property
+    def allowed_row(self) -> int | None:
+        """The active block's position that `first_allowed` constrains, if it is in this block."""
+        if self.settings.first_allowed is not None and self.lo <= self.P < self.hi:
+            return self.P - self.lo
+        return None
+
+    def blocks(self, lo_block: int, hi_block: int) -> list[tuple[int, ...]]:
+        """The token ids of blocks [lo_block, hi_block), as prefix-cache keys."""
+        bs = self.bs
+        return [tuple(self.host[b * bs : (b + 1) * bs]) for b in range(lo_block, hi_block)]
