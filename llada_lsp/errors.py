@@ -9,3 +9,11 @@ class CheckpointError(ValueError):
 class Refused(ValueError):
     """A request refused for a reason the user is told (a selection too long for the model, an
     instruction it cannot follow): answered and logged as one line, not as a crash."""
+
+
+class Busy(Refused):
+    """The engine's queue is full: the request is answered at once rather than queued without bound."""
+
+
+class TooLong(Refused):
+    """A request longer than the model or the engine's K/V memory can hold."""

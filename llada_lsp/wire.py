@@ -122,6 +122,7 @@ class Done(Message):
     seconds: float
     stopped: str  # as jobs.Outcome.stopped, but never "cancelled": a cancelled request answers `failed`
     reason: str = ""
+    tokens: int = 0  # positions the model generated (filled) for this answer
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,15 @@ class Status(Message):
     error: str | None = None
     clients: int | None = None  # connections that said hello
     queue: int | None = None  # requests in flight, all connections together
+    # The scheduler (engine/scheduler.py), counted since the model loaded:
+    running: int | None = None  # sequences decoding now (rows of the batch)
+    queued: int | None = None  # sequences waiting for a row or for cache blocks
+    steps: int | None = None  # batched denoising forwards
+    batch_mean: float | None = None  # mean rows per forward
+    batch_max: int | None = None
+    cache_blocks_used: int | None = None  # 32-token K/V blocks held (running sequences + prefix cache)
+    cache_blocks_free: int | None = None
+    cache_hit_rate: float | None = None  # whole prompt blocks found in the prefix cache / looked up
 
 
 MESSAGES: dict[str, type[Message]] = {m.type: m for m in (Hello, Welcome, Infill, Rewrite, Cancel, Draft, Done, Failed, Status)}

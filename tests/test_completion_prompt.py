@@ -42,7 +42,7 @@ def test_fim_layout_within_budget_prefix_first(codec):
 def test_typing_on_one_line_keeps_the_prompt_blocks(codec):
     """Typing at the end of a line in a long file: the prefix start never moves within a block's worth
     of typing, so every whole block before the cursor line is the same and its K/V is reused."""
-    cursor = SOURCE.index("        return Generation(")
+    cursor = SOURCE.index("def default_cache_mb")
     line = "        started = time.perf_counter()"
     prompts = []
     for i in range(len(line) + 1):

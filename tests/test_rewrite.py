@@ -102,11 +102,14 @@ def scripted(codec: TextCodec, answer: str) -> jobs.LoadedModel:
 
     calls = []
 
-    def generation(prompt_ids, gen_length, mode, **kw):
+    def settings(prompt_ids, gen_length, mode, **kw):
         calls.append((gen_length, kw["init_ids"]))
-        return Gen(gen_length, kw["init_ids"])
+        return SimpleNamespace(gen_length=gen_length, init_ids=kw["init_ids"])
 
-    engine = SimpleNamespace(generation=generation, model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512)))
+    def start(settings):
+        return Gen(settings.gen_length, settings.init_ids)
+
+    engine = SimpleNamespace(settings=settings, start=start, model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512)))
     model = jobs.LoadedModel(jobs.ModelSpec(None), engine, codec)
     model.calls = calls
     return model

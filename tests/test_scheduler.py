@@ -9,7 +9,8 @@ import torch
 from llada_lsp import Engine, load_model
 from llada_lsp.engine.cache import BlockCache, CacheFull
 from llada_lsp.engine.policy import PRESETS
-from llada_lsp.engine.scheduler import Busy
+from llada_lsp.engine.scheduler import Scheduler
+from llada_lsp.errors import Busy, TooLong
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -149,6 +150,9 @@ def test_the_pool_is_allocated_once(model):
 
 
 def test_a_sequence_longer_than_the_pool_is_refused(model):
-    engine = Engine(model, cache_mb=0)
-    with pytest.raises(CacheFull):
-        engine.scheduler.add(settings(engine, prompt=PROMPT * 8, gen_length=64))
+    engine = Engine(model)
+    pool = BlockCache(model.config, pages=4, block_size=32, device="cpu", dtype=torch.float64)
+    scheduler = Scheduler(model, pool)
+    with pytest.raises(TooLong, match="--cache-mb"):
+        scheduler.add(settings(engine, prompt=PROMPT * 2, gen_length=64))  # 7 blocks, 3 pages
+    assert scheduler.idle()

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import msgpack
@@ -43,10 +44,12 @@ SAMPLES = [
     wire.Rewrite(2, "rewrite:file:///a.py", "x = ", "1 + 1", "\n", "quality", 512, "simplify", True, True),
     wire.Cancel(1),
     wire.Draft(1, 3, "x + 1"),
-    wire.Done(1, "x + 1", 7, 0.25, "unit"),
+    wire.Done(1, "x + 1", 7, 0.25, "unit", tokens=3),
     wire.Failed(None, "version", "this engine speaks protocol version 1"),
     wire.Failed(2, "too_long", "the selection is too long"),
     wire.Status("loading", "embedded", 70, "reading the tokenizer", None, 2, 1),
+    wire.Status("ready", "embedded", None, None, None, 3, 2, running=2, queued=0, steps=40, batch_mean=1.5,
+                batch_max=2, cache_blocks_used=9, cache_blocks_free=2038, cache_hit_rate=0.75),
     wire.Status(),
 ]
 
@@ -397,6 +400,28 @@ class TestTheEngineProcess:
             status = await a.status()
             assert (status.state, status.model, status.clients) == ("ready", "embedded", 2)
         assert len(re.findall(r"load embedded: done", service.log.read_text())) == 1
+
+    async def test_concurrent_requests_are_decoded_in_one_batch_as_they_would_be_alone(self, service):
+        """Four editors ask at once (speed and quality side by side); the answers are those each gets
+        alone, the status shows batches of more than one row and the prefix cache's hits."""
+        header = '"""Small helpers for numbers and points."""\n\nimport math\nimport os\nimport sys\n\n\n' * 3
+        before = [header + text for text in ("def add(a, b):\n    return a +", "def sub(a, b):\n    return a -",
+                  "print(os.", "class Point:\n    def __init__(self, x, y):\n        self.x = ")]  # fmt: skip
+        clients = [await service.connect(f"editor{i}") for i in range(4)]
+        try:
+            requests = [infill(c, text, mode=MODES[i % 2]) for i, (c, text) in enumerate(zip(clients, before))]
+            together = await asyncio.wait_for(asyncio.gather(*(c.infill(r) for c, r in zip(clients, requests))), TIMEOUT)
+            alone = [await asyncio.wait_for(c.infill(replace(r, id=c.next_id())), TIMEOUT)
+                     for c, r in zip(clients, requests)]  # fmt: skip
+            assert [d.text for d in together] == [d.text for d in alone]
+            assert all(d.tokens > 0 for d in together)
+            status = await clients[0].status()
+            assert status.batch_max >= 2 and status.steps > 0 and status.running == 0
+            assert status.cache_hit_rate is not None and status.cache_hit_rate > 0  # the second round's prompts
+            assert status.cache_blocks_used > 0 and status.cache_blocks_free > 0
+        finally:
+            for client in clients:
+                await client.close()
 
     async def test_cancel_stops_the_request_within_a_step(self, service):
         async with await service.connect("cancel") as client:

@@ -1,7 +1,10 @@
-"""What runs on the model thread: loading a model, and one infill or rewrite request from prompt to
+"""What runs on the model thread: loading a model, and infill and rewrite requests from prompt to
 post-processed drafts and result.
 
-Knows nothing of the LSP, pygls or threads: plain values in and out, drafts through a callback.
+A request becomes a Plan: the engine settings of its sequence, what each draft shows (`on_draft`) and
+the answer (`finish`). The service's worker hands many plans' sequences to the engine's scheduler at
+once; `run_infill` / `run_rewrite` run one plan alone. Knows nothing of the LSP, pygls or threads:
+plain values in and out, drafts through a callback.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from .prompt import CHARS_PER_TOKEN, Healed, heal, infill_prompt, rewrite_prompt
 from .syntax import check_rewrite
 
 if TYPE_CHECKING:  # torch is imported on the model thread, when a model loads, not with the server
-    from ..engine import Engine
+    from ..engine import Draft, Engine, GenerationResult
+    from ..engine.sequence import Settings
 
 MIN_PROMPT = 32  # positions always left to the prompt when a completion length is clamped to the model
 MAX_TOKENS = 64  # a completion's length, unless a request says otherwise (the server's maxCompletionTokens)
@@ -36,6 +40,10 @@ class ModelSpec:
     device: str | None = None
     dtype: str | None = None
     threads: int | None = None  # torch's CPU threads (None: torch's default)
+    max_batch: int = 8  # sequences decoded in one forward (1: one at a time)
+    cache_mb: float | None = None  # the K/V pool (None: the engine's default for the device)
+    prefix_cache: bool = True  # reuse the K/V of prompt blocks an earlier request computed
+    max_queue: int = 64  # sequences that may wait for a row; more are refused as busy
 
     @property
     def name(self) -> str:
@@ -93,6 +101,7 @@ class Outcome:
     # "unchanged" (the model kept the selection) and "refused" (it would break the code: see `reason`)
     stopped: str
     reason: str = ""
+    tokens: int = 0  # positions the model generated (filled), for throughput figures
 
 
 class InstructionUnsupported(Refused):
@@ -120,7 +129,8 @@ def load(spec: ModelSpec, report: Callable[[str, int], None]) -> LoadedModel:
     if codec.special.mask is None and model.config.mask_token_id is None:
         raise CheckpointError(f"{spec.name}: the tokenizer has no <|mask|> token")
     report("warming up", 90)
-    engine = Engine(model)
+    engine = Engine(model, cache_mb=spec.cache_mb, prefix_cache=spec.prefix_cache, max_batch=spec.max_batch,
+                    max_queue=spec.max_queue)
     # First-call costs (allocations, kernel selection) are paid here, not on the first keystroke.
     engine.generation(codec.encode("def f():\n"), 1, "speed", mask_id=codec.special.mask).run()
     return LoadedModel(spec, engine, codec)
@@ -141,82 +151,129 @@ def cursor_context(text: str, offset: int) -> Cursor:
     return Cursor(text[line_start:offset], text[offset:line_end].rstrip("\r"), next_line.rstrip("\r"))
 
 
-def run_infill(model: LoadedModel, job: Infill, cancel: Flag, emit: Callable[[int, str | None], None]) -> Outcome:
-    """Generates at the cursor; `emit(step, text)` after every step, text None when it did not change
-    (the first step always has one). Stops early once the unit at the cursor is complete (ended by the
-    text, an end-of-text, or the last position filled) and unchanged for one step."""
-    codec, cursor = model.codec, cursor_context(job.text, job.cursor)
-    # The rest of a line fits in one block: a model that never ends the line costs one block, not two.
-    limit = job.max_tokens if cursor.on_empty_line else min(job.max_tokens, model.engine.block_size)
-    gen_length = max(1, min(limit, model.max_positions - MIN_PROMPT))
-    budget = min(job.context_tokens, model.max_positions - gen_length)
-    before, after = window(job.text, job.cursor, job.cursor, budget * CHARS_PER_TOKEN)
-    prompt = infill_prompt(before, after, codec, budget)
-    chat = prompt.layout == "chat"
-    healed = heal(prompt, codec) or Healed(prompt.ids, "", None)
-    stop = _StopWhen(cancel)
-    gen = model.engine.generation(
-        healed.ids, gen_length, job.mode, eos_early_stop=True, mask_id=codec.special.mask,
-        eos_id=codec.special.eos, cancel=stop, first_allowed=healed.allowed,
-    )  # fmt: skip
-    shown, steps = None, 0
-    for draft in gen:
-        steps = draft.step
-        filled = draft.generated[: _first(draft.generated, codec.special.mask)]
+class Plan:
+    """One request's sequence: `settings` for the engine, `on_draft(draft) -> (step, payload or None)`
+    after each of its steps, `finish(result) -> Outcome` at its end."""
+
+    settings: Settings
+
+    def on_draft(self, draft: Draft) -> tuple[int, object]:
+        return draft.step, None
+
+    def finish(self, result: GenerationResult) -> Outcome:
+        raise NotImplementedError
+
+    def run(self, engine: Engine, emit: Callable[[int, object], None]) -> Outcome:
+        """Alone: the engine's batch of one."""
+        gen = engine.start(self.settings)
+        for draft in gen:
+            emit(*self.on_draft(draft))
+        return self.finish(gen.result)
+
+
+class InfillPlan(Plan):
+    """Generates at the cursor; a draft's payload is the completion as it would be shown, None when
+    it did not change (the first step always has one). Stops early once the unit at the cursor is
+    complete (ended by the text, an end-of-text, or the last position filled) and unchanged for a step."""
+
+    def __init__(self, model: LoadedModel, job: Infill, cancel: Flag):
+        codec, cursor = model.codec, cursor_context(job.text, job.cursor)
+        self.codec, self.cursor = codec, cursor
+        # The rest of a line fits in one block: a model that never ends the line costs one block, not two.
+        limit = job.max_tokens if cursor.on_empty_line else min(job.max_tokens, model.engine.block_size)
+        self.gen_length = max(1, min(limit, model.max_positions - MIN_PROMPT))
+        budget = min(job.context_tokens, model.max_positions - self.gen_length)
+        before, after = window(job.text, job.cursor, job.cursor, budget * CHARS_PER_TOKEN)
+        prompt = infill_prompt(before, after, codec, budget)
+        self.chat = prompt.layout == "chat"
+        self.healed = healed = heal(prompt, codec) or Healed(prompt.ids, "", None)
+        self.stop = _StopWhen(cancel)
+        self.settings = model.engine.settings(
+            healed.ids, self.gen_length, job.mode, eos_early_stop=True, mask_id=codec.special.mask,
+            eos_id=codec.special.eos, cancel=self.stop, first_allowed=healed.allowed, priority=0,
+        )  # fmt: skip
+        self.shown: str | None = None
+
+    def on_draft(self, draft: Draft) -> tuple[int, str | None]:
+        codec, mask = self.codec, self.codec.special.mask
+        filled = draft.generated[: _first(draft.generated, mask)]
         raw, ended = codec.text_of(filled)
-        raw = raw.removeprefix(healed.text)  # the first token starts with the text taken back
+        raw = raw.removeprefix(self.healed.text)  # the first token starts with the text taken back
         # Every position filled: nothing will be added, only revised (post steps).
-        completion = finish(raw, cursor, ended or len(filled) == gen_length, chat)
-        if completion.complete and completion.text == shown:
-            stop.enough = True  # stable for a step: further steps would mostly polish text past the unit
-        changed = completion.text != shown or steps == 1
-        shown = completion.text
-        emit(steps, shown if changed else None)
-    result = gen.result
-    if stop.enough:
-        return Outcome(shown or "", steps, result.seconds, "unit")
-    if result.cancelled:
-        return Outcome(shown or "", steps, result.seconds, "cancelled")
-    raw, _ = codec.text_of([t for t in result.tokens if t != codec.special.mask])
-    return Outcome(finish(raw.removeprefix(healed.text), cursor, True, chat).text, result.steps, result.seconds, "done")
+        completion = finish(raw, self.cursor, ended or len(filled) == self.gen_length, self.chat)
+        if completion.complete and completion.text == self.shown:
+            self.stop.enough = True  # stable for a step: further steps would mostly polish text past the unit
+        changed = completion.text != self.shown or draft.step == 1
+        self.shown = completion.text
+        return draft.step, self.shown if changed else None
+
+    def finish(self, result: GenerationResult) -> Outcome:
+        mask = self.codec.special.mask
+        tokens = sum(t != mask for t in result.tokens)
+        if self.stop.enough:
+            return Outcome(self.shown or "", result.steps, result.seconds, "unit", tokens=tokens)
+        if result.cancelled:
+            return Outcome(self.shown or "", result.steps, result.seconds, "cancelled", tokens=tokens)
+        raw, _ = self.codec.text_of([t for t in result.tokens if t != mask])
+        text = finish(raw.removeprefix(self.healed.text), self.cursor, True, self.chat).text
+        return Outcome(text, result.steps, result.seconds, "done", tokens=tokens)
+
+
+class RewritePlan(Plan):
+    """Revises the selection in place: it is the initial draft of the generated blocks (token
+    editing changes it, an end-of-text shrinks it, a few masks after it give it a little room to
+    grow). A result that would turn code that parsed into code that does not is refused. Drafts
+    carry no text (the payload is "": a step was made)."""
+
+    def __init__(self, model: LoadedModel, job: Rewrite, cancel: Flag):
+        codec = model.codec
+        self.codec, self.job = codec, job
+        if job.instruction and codec.special.has_fim:
+            raise InstructionUnsupported(
+                f"{model.spec.name} is a fill-in-the-middle model and cannot follow an instruction; rewrite "
+                "without one, or load a chat model (LLaDA2.1) to use instructions"
+            )  # fmt: skip
+        self.selection = job.text[job.start : job.end]
+        before, after = window(job.text, job.start, job.end, job.context_tokens * CHARS_PER_TOKEN)
+        self.prompt = prompt = rewrite_prompt(before, self.selection, after, codec, model.max_positions,
+                                              job.context_tokens, job.instruction)  # fmt: skip
+        self.started = time.perf_counter()
+        self.settings = model.engine.settings(
+            prompt.prompt.ids, prompt.gen_length, job.mode, eos_early_stop=True, mask_id=codec.special.mask,
+            eos_id=codec.special.eos, cancel=cancel, init_ids=prompt.init_ids, priority=1,
+        )  # fmt: skip
+
+    def on_draft(self, draft: Draft) -> tuple[int, str]:
+        return draft.step, ""
+
+    def finish(self, result: GenerationResult) -> Outcome:
+        codec, job, selection = self.codec, self.job, self.selection
+        seconds = time.perf_counter() - self.started
+        tokens = sum(t != codec.special.mask for t in result.tokens)
+        if result.cancelled:
+            return Outcome("", result.steps, seconds, "cancelled", tokens=tokens)
+        raw, _ = codec.text_of([t for t in result.tokens if t != codec.special.mask])
+        raw = strip_special(raw)
+        if self.prompt.prompt.layout == "chat":
+            raw, _ = unfence(raw, True)
+        line_start = job.text[job.text.rfind("\n", 0, job.start) + 1 : job.start]
+        text = _keep_line_ends(bound_rewrite(raw, selection, line_start), selection)
+        if text == selection:
+            return Outcome(text, result.steps, seconds, "unchanged", "the model proposed no change", tokens)
+        reason = check_rewrite(job.text, job.start, job.end, text, job.python)
+        if reason is not None:
+            return Outcome(text, result.steps, seconds, "refused", reason, tokens)
+        return Outcome(text, result.steps, seconds, "done", tokens=tokens)
+
+
+def run_infill(model: LoadedModel, job: Infill, cancel: Flag, emit: Callable[[int, str | None], None]) -> Outcome:
+    """One inline completion alone (InfillPlan); `emit(step, text or None)` after every step."""
+    return InfillPlan(model, job, cancel).run(model.engine, emit)
 
 
 def run_rewrite(model: LoadedModel, job: Rewrite, cancel: Flag, emit: Callable[[int, str], None]) -> Outcome:
-    """Revises the selection in place: it is the initial draft of the generated blocks (token
-    editing changes it, an end-of-text shrinks it, a few masks after it give it a little room to
-    grow). A result that would turn code that parsed into code that does not is refused."""
-    codec = model.codec
-    if job.instruction and codec.special.has_fim:
-        raise InstructionUnsupported(
-            f"{model.spec.name} is a fill-in-the-middle model and cannot follow an instruction; rewrite "
-            "without one, or load a chat model (LLaDA2.1) to use instructions"
-        )  # fmt: skip
-    selection = job.text[job.start : job.end]
-    before, after = window(job.text, job.start, job.end, job.context_tokens * CHARS_PER_TOKEN)
-    prompt = rewrite_prompt(before, selection, after, codec, model.max_positions, job.context_tokens, job.instruction)
-    started = time.perf_counter()
-    gen = model.engine.generation(
-        prompt.prompt.ids, prompt.gen_length, job.mode, eos_early_stop=True, mask_id=codec.special.mask,
-        eos_id=codec.special.eos, cancel=cancel, init_ids=prompt.init_ids,
-    )  # fmt: skip
-    for draft in gen:
-        emit(draft.step, "")
-    result = gen.result
-    seconds = time.perf_counter() - started
-    if result.cancelled:
-        return Outcome("", result.steps, seconds, "cancelled")
-    raw, _ = codec.text_of([t for t in result.tokens if t != codec.special.mask])
-    raw = strip_special(raw)
-    if prompt.prompt.layout == "chat":
-        raw, _ = unfence(raw, True)
-    line_start = job.text[job.text.rfind("\n", 0, job.start) + 1 : job.start]
-    text = _keep_line_ends(bound_rewrite(raw, selection, line_start), selection)
-    if text == selection:
-        return Outcome(text, result.steps, seconds, "unchanged", "the model proposed no change")
-    reason = check_rewrite(job.text, job.start, job.end, text, job.python)
-    if reason is not None:
-        return Outcome(text, result.steps, seconds, "refused", reason)
-    return Outcome(text, result.steps, seconds, "done")
+    """One rewrite alone (RewritePlan); `emit(step, "")` after every step."""
+    return RewritePlan(model, job, cancel).run(model.engine, emit)
 
 
 def _keep_line_ends(text: str, selection: str) -> str:

@@ -54,12 +54,14 @@ class Engine:
                                            prefix=prefix_cache and use_cache)  # fmt: skip
         self.scheduler = Scheduler(model, self.cache, max_batch, max_queue, use_cache)
 
-    def settings(self, prompt_ids, gen_length, policy, max_post_steps, eos_early_stop, mask_id, eos_id, cancel=None,
-                 init_ids=(), first_allowed=None, priority: int = 0) -> Settings:  # fmt: skip
-        return Settings(list(prompt_ids), gen_length, policy, max_post_steps, eos_early_stop, mask_id, eos_id, cancel,
-                        list(init_ids), first_allowed, priority)  # fmt: skip
+    def generation(self, *args, **kwargs) -> Generation:
+        """One sequence, stepped as it is iterated (the arguments are `settings`'s)."""
+        return self.start(self.settings(*args, **kwargs))
 
-    def generation(
+    def start(self, settings: Settings) -> Generation:
+        return Generation(self, settings)
+
+    def settings(
         self,
         prompt_ids: list[int],
         gen_length: int = 64,
@@ -71,11 +73,13 @@ class Engine:
         cancel: CancelFlag | None = None,
         init_ids: list[int] | None = None,
         first_allowed: list[int] | None = None,
-    ) -> Generation:
+        priority: int = 0,
+    ) -> Settings:
         """`init_ids` start the generated region as a draft instead of masks (positions after them are
         masked): the policy's T2T rule revises the draft and an EOS may shrink it (rewriting a selection).
         `first_allowed`: the only ids the first generated position may hold (token healing: the prompt's
-        last, partial word was taken back, and the first token must start with its text)."""
+        last, partial word was taken back, and the first token must start with its text). `priority`:
+        lower is admitted first when the scheduler's rows are full. Raises ValueError for bad input."""
         config = self.model.config
         mask_id = config.mask_token_id if mask_id is None else mask_id
         eos_id = config.eos_token_id if eos_id is None else eos_id
@@ -105,9 +109,8 @@ class Engine:
                 raise ValueError("first_allowed must be a non-empty list of ids inside the vocabulary")
             allowed = torch.zeros(config.vocab_size, dtype=torch.bool, device=self.model.device)
             allowed[torch.tensor(first_allowed, device=self.model.device)] = True
-        return Generation(self, self.settings(
-            prompt_ids, gen_length, policy, max_post_steps, eos_early_stop, mask_id, eos_id, cancel, init_ids, allowed,
-        ))  # fmt: skip
+        return Settings(list(prompt_ids), gen_length, policy, max_post_steps, eos_early_stop, mask_id, eos_id, cancel,
+                        init_ids, allowed, priority)  # fmt: skip
 
     def _run(self, gen: Generation) -> Iterator[Draft]:
         scheduler = self.scheduler

@@ -15,15 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import Refused
+from ..errors import Busy, TooLong
 from ..model import LLaDA2
 from .cache import BlockCache, CacheFull, Node
 from .policy import joint_threshold
 from .sequence import Draft, GenerationResult, Sequence, Settings
-
-
-class Busy(Refused):
-    """The queue is full: the request is answered at once rather than queued without bound."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +77,8 @@ class Scheduler:
             raise Busy(f"the engine is busy: {len(self.waiting)} requests are already waiting")
         seq = Sequence(settings, self.block_size, self.use_cache)
         if seq.n_blocks > self.cache.pages - 1:
-            raise CacheFull(f"a sequence of {seq.n_blocks} blocks does not fit a K/V pool of {self.cache.pages - 1}")
+            raise TooLong(f"a sequence of {seq.n_blocks} blocks of {self.block_size} tokens does not fit the K/V "
+                          f"memory ({self.cache.pages - 1} blocks); start the engine with a larger --cache-mb")
         entry = _Entry(next(self._ids), seq, next(self._order), [], [], set())
         self.waiting.append(entry)
         self.waiting.sort(key=lambda e: (e.seq.settings.priority, e.order))

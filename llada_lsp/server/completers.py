@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable
 
 from .. import wire
-from ..completion.pipeline import CHARS_PER_TOKEN, Infill, ModelSpec, Outcome, Rewrite, run_infill, run_rewrite, window
+from ..completion.pipeline import CHARS_PER_TOKEN, Infill, InfillPlan, ModelSpec, Outcome, Rewrite, RewritePlan, window
 from ..errors import Refused
 from ..service.address import parse_address
 from ..service.client import EngineClient, EngineFailure
@@ -39,8 +39,8 @@ class LocalCompleter:
         return self.worker.load(spec, report)
 
     async def run(self, key: str, label: str, job: Job, on_draft: DraftCallback | None) -> Outcome:
-        pipeline = run_infill if isinstance(job, Infill) else run_rewrite
-        ticket = self.worker.submit(key, label, lambda model, t: pipeline(model, job, t, t.emit), on_draft)
+        plan = InfillPlan if isinstance(job, Infill) else RewritePlan
+        ticket = self.worker.submit(key, label, lambda model, t: plan(model, job, t), on_draft)
         try:
             return await asyncio.wrap_future(ticket.future)
         except asyncio.CancelledError:  # $/cancelRequest, a newer request, or shutdown
@@ -48,7 +48,7 @@ class LocalCompleter:
             raise
         except ModelUnavailable as err:
             raise CompletionFailed(f"no model: {err}") from None
-        except Refused as err:  # SelectionTooLong, InstructionUnsupported: said to the user as they are
+        except Refused as err:  # SelectionTooLong, InstructionUnsupported, Busy: said to the user as they are
             raise CompletionFailed(str(err)) from None
 
     def cancel_key(self, key: str) -> None:

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Awaitable, Callable, Sequence
 
 from .. import wire
-from ..completion.pipeline import (Infill, InstructionUnsupported, LoadedModel, ModelSpec, Outcome, Rewrite,
-                                   add_model_arguments, run_infill, run_rewrite)  # fmt: skip
+from ..completion.pipeline import (Infill, InfillPlan, InstructionUnsupported, LoadedModel, ModelSpec, Outcome, Plan,
+                                   Rewrite, RewritePlan, add_model_arguments)  # fmt: skip
 from ..completion.prompt import SelectionTooLong
+from ..errors import Busy, TooLong
 from .loop import run
 from .worker import ModelUnavailable, ModelWorker, Ticket, step_delay_from_env
 from .address import Address, default_socket_path, parse_address, private_folder, read_token
@@ -41,8 +42,9 @@ logger = logging.getLogger("llada_lsp.engine")
 
 HELLO_TIMEOUT = 10.0  # seconds a new connection has to say hello before it is closed
 DRAFT_BACKLOG = 2**20  # unsent bytes past which a connection's drafts are dropped (a front that is not reading)
-FAILURES = ((ModelUnavailable, "no_model"), (SelectionTooLong, "too_long"), (InstructionUnsupported, "unsupported"))
-Job = Callable[[LoadedModel, Ticket], Outcome]
+FAILURES = ((ModelUnavailable, "no_model"), (SelectionTooLong, "too_long"), (InstructionUnsupported, "unsupported"),
+            (TooLong, "too_long"), (Busy, "busy"))  # fmt: skip
+Job = Callable[[LoadedModel, Ticket], Plan]
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
@@ -114,7 +116,8 @@ class EngineService:
         worker = self.worker
         message, progress = self._load_report if worker.state == "loading" and self._load_report else (None, None)
         queue = sum(len(s.pending) for s in self.sessions.values())
-        return wire.Status(worker.state, worker.spec.name, progress, message, worker.error, len(self.sessions), queue)
+        return wire.Status(worker.state, worker.spec.name, progress, message, worker.error, len(self.sessions), queue,
+                           **worker.stats())  # fmt: skip
 
     def push_status(self) -> None:
         status = self.status()
@@ -240,11 +243,11 @@ def _job(request: wire.Infill | wire.Rewrite) -> Job:
     if isinstance(request, wire.Infill):
         infill = Infill(request.before + request.after, len(request.before), request.mode, request.max_tokens,
                         request.context_tokens)  # fmt: skip
-        return lambda model, ticket: run_infill(model, infill, ticket, ticket.emit)
+        return lambda model, ticket: InfillPlan(model, infill, ticket)
     start = len(request.before)
     rewrite = Rewrite(request.before + request.selection + request.after, start, start + len(request.selection),
                       request.mode, request.context_tokens, request.instruction, request.python)  # fmt: skip
-    return lambda model, ticket: run_rewrite(model, rewrite, ticket, ticket.emit)
+    return lambda model, ticket: RewritePlan(model, rewrite, ticket)
 
 
 def _answer_of(request_id: int, future: Future) -> wire.Message:
@@ -253,7 +256,8 @@ def _answer_of(request_id: int, future: Future) -> wire.Message:
     error = future.exception()
     if error is None:
         outcome: Outcome = future.result()
-        return wire.Done(request_id, outcome.text, outcome.steps, outcome.seconds, outcome.stopped, outcome.reason)
+        return wire.Done(request_id, outcome.text, outcome.steps, outcome.seconds, outcome.stopped, outcome.reason,
+                         outcome.tokens)  # fmt: skip
     kind = next((kind for cls, kind in FAILURES if isinstance(error, cls)), "internal")
     return wire.Failed(request_id, kind, str(error) or type(error).__name__)
 
@@ -354,7 +358,8 @@ async def serve(args: argparse.Namespace, address: Address, token: str | None, s
         print(f"llada-lsp engine: cannot listen on {address}: {err}", file=sys.stderr)
         return 1
     else:
-        service.load(ModelSpec(args.model, args.device, args.dtype, max(1, args.threads)))
+        service.load(ModelSpec(args.model, args.device, args.dtype, max(1, args.threads), args.max_batch,
+                               args.cache_mb, args.prefix_cache, args.max_queue))  # fmt: skip
         logger.info("listening on %s", listener.address)
         await stop.wait()
         logger.info("stopping")
@@ -387,7 +392,14 @@ def status_main(argv: list[str]) -> int:
         return 1
     lines = {"address": str(address), "model": status.model, "state": status.state, "error": status.error,
              "loading": f"{status.message} ({status.progress}%)" if status.progress is not None else None,
-             "clients": max(0, (status.clients or 0) - 1), "queue": status.queue}  # fmt: skip
+             "clients": max(0, (status.clients or 0) - 1), "queue": status.queue,
+             "decoding": f"{status.running} running, {status.queued} waiting" if status.running is not None else None,
+             "batches": f"{status.steps} forwards, {status.batch_mean:.2f} rows each on average, at most "
+                        f"{status.batch_max}" if status.steps else None,
+             "kv blocks": f"{status.cache_blocks_used} used, {status.cache_blocks_free} free"
+                          if status.cache_blocks_used is not None else None,
+             "prefix cache hits": f"{status.cache_hit_rate:.0%} of whole prompt blocks"
+                                  if status.cache_hit_rate is not None else None}  # fmt: skip
     for name, value in lines.items():  # clients: this command's own connection is not counted
         if value is not None:
             print(f"{name}: {value}")
@@ -403,11 +415,31 @@ def parser() -> argparse.ArgumentParser:
         "`llada-lsp engine status [--listen ADDRESS]` asks a running one what it serves.",
     )
     add_model_arguments(ap)
+    batching = ap.add_argument_group("batching and the K/V cache")
+    batching.add_argument("--max-batch", type=_positive, default=8, metavar="N",
+                          help="requests decoded together in one forward (default: 8; 1 decodes one at a "
+                          "time, in arrival order)")  # fmt: skip
+    batching.add_argument("--max-queue", type=_positive, default=64, metavar="N",
+                          help="requests that may wait for a place in the batch; more are answered `busy` "
+                          "(default: 64)")  # fmt: skip
+    batching.add_argument("--cache-mb", type=float, metavar="MB",
+                          help="memory for keys and values, in 32-token blocks, shared by the running requests "
+                          "and the prefix cache (default: 256 on the CPU, a quarter of the free memory on a "
+                          "GPU; never less than one request of the model's full length)")  # fmt: skip
+    batching.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                          help="never reuse the keys and values of prompt blocks an earlier request computed")
     _address_arguments(ap)
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                     help="what the service logs on stderr: info is a line per connection and per request "
                     "(default: info)")  # fmt: skip
     return ap
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def _address_arguments(ap: argparse.ArgumentParser) -> None:

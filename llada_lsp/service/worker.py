@@ -2,7 +2,10 @@
 running one with the same key, cancel flags are checked between denoising steps, and drafts, progress
 and results are handed back to the event loop thread-safely.
 
-Knows nothing of the LSP or of what a job computes: jobs are callables, results are their values.
+A job is a callable run on the thread. One that returns a completion Plan joins the engine's
+scheduler: every running plan's sequence advances in the same batched forward, and the thread keeps
+taking new jobs between steps. Any other return value is the job's result. A model load waits until
+no sequence runs. Knows nothing of the LSP or of what a plan computes.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
-from ..completion.pipeline import LoadedModel, ModelSpec, load
+from ..completion.pipeline import LoadedModel, ModelSpec, Plan, load
 from ..errors import CheckpointError, Refused
 from .loop import call_on_loop
 
@@ -41,6 +45,7 @@ class Ticket:
         self._cancelled = threading.Event()
         self.steps = 0
         self.steps_at_cancel: int | None = None
+        self.started = 0.0  # perf_counter when the model thread took it
 
     def is_set(self) -> bool:  # the engine's cancel flag protocol
         return self._cancelled.is_set()
@@ -57,8 +62,6 @@ class Ticket:
         self.steps = step
         if payload is not None and self.on_draft is not None and not self.is_set():
             call_on_loop(self.loop, self._deliver, step, payload)
-        if self.step_delay:
-            time.sleep(self.step_delay)
 
     def _deliver(self, step: int, payload: Any) -> None:
         if not self.is_set():  # a cancel that arrived meanwhile drops the draft
@@ -88,12 +91,15 @@ class ModelWorker:
                  loader: Callable[[ModelSpec, Callable[[str, int], None]], Any] = load):  # fmt: skip
         """`log(line)` runs on the loop after every job. `step_delay`: seconds slept after every
         denoising step, a test hook that makes a tiny model as slow as a big one
-        (LLADA_LSP_TEST_STEP_DELAY_MS); 0 in normal use. `loader(spec, report)` reads a model."""
+        (LLADA_LSP_TEST_STEP_DELAY_MS); 0 in normal use. `loader(spec, report)` reads a model.
+        Jobs taken but not started (behind a load) are `held`; plans decoding are `live` by sequence id."""
         self.loop, self.log, self.step_delay, self.loader = loop, log, step_delay, loader
         self.model: LoadedModel | None = None
         self.state, self.error, self.spec = "loading", None, ModelSpec(None)
         self._queue: queue.Queue[Ticket | None] = queue.Queue()
         self._latest: dict[str, Ticket] = {}
+        self.held: deque[Ticket] = deque()
+        self.live: dict[int, tuple[Ticket, Plan]] = {}
         self._thread = threading.Thread(target=self._serve, name="llada-model", daemon=True)
         self._thread.start()
 
@@ -108,7 +114,8 @@ class ModelWorker:
 
     def submit(self, key: str | None, label: str, job: Callable[[LoadedModel, Ticket], Any],
                on_draft: Callable[[int, Any], None] | None = None) -> Ticket:  # fmt: skip
-        """`job(model, ticket)` runs on the model thread; it reports steps with `ticket.emit`."""
+        """`job(model, ticket)` runs on the model thread: it returns a Plan (decoded with the others
+        running, its drafts to `on_draft`), or its result (reporting steps with `ticket.emit`)."""
         return self._enqueue(Ticket(key, label, job, on_draft, self.loop, self.step_delay))
 
     def cancel_key(self, key: str) -> None:
@@ -145,12 +152,92 @@ class ModelWorker:
             self._latest.pop(ticket.key, None)
 
     def _serve(self) -> None:
-        while (ticket := self._queue.get()) is not None:
-            if ticket.is_set():
-                continue
-            started = time.perf_counter()
-            self._run_load(ticket) if ticket.loads else self._run_job(ticket)
-            self._log_job(ticket, time.perf_counter() - started)
+        while True:
+            try:  # wait for a job only when nothing else is to be done
+                while True:
+                    ticket = self._queue.get(block=not self.live and not self.held)
+                    if ticket is None:
+                        return
+                    self.held.append(ticket)
+            except queue.Empty:
+                pass
+            while self.held:
+                ticket = self.held[0]
+                if ticket.loads and self.live:
+                    break  # the running sequences finish on the model they started with
+                self.held.popleft()
+                if ticket.is_set():
+                    continue
+                ticket.started = time.perf_counter()
+                if ticket.loads:
+                    self._run_load(ticket)
+                    self._log_job(ticket)
+                else:
+                    self._start(ticket)
+            if self.live:
+                self._step()
+
+    def _start(self, ticket: Ticket) -> None:
+        if self.model is None:
+            ticket.resolve(error=ModelUnavailable(self.error or "no model is loaded"))
+            return
+        try:
+            out = ticket.job(self.model, ticket)
+            if isinstance(out, Plan):
+                self.live[self.model.engine.scheduler.add(out.settings)] = (ticket, out)
+                return
+            ticket.resolve(out)
+        except Exception as err:
+            self._failed(ticket, err)
+        self._log_job(ticket)
+
+    def _step(self) -> None:
+        """One batched forward of every live plan; drafts to their tickets, ends answered."""
+        try:
+            events = self.model.engine.scheduler.step()
+        except Exception as err:  # the forward failed: every sequence in it is answered, the thread goes on
+            logger.exception("a batched step failed")
+            scheduler = self.model.engine.scheduler
+            for seq_id, (ticket, _) in list(self.live.items()):
+                scheduler.abort(seq_id)
+                ticket.resolve(error=err)
+            while not scheduler.idle():
+                scheduler.step()
+            self.live.clear()
+            return
+        for event in events:
+            ticket, plan = self.live[event.id]
+            try:
+                if event.draft is not None:
+                    ticket.emit(*plan.on_draft(event.draft))
+                    continue
+                del self.live[event.id]
+                ticket.resolve(plan.finish(event.result))
+            except Exception as err:  # a plan's own failure answers its request only
+                if self.live.pop(event.id, None) is not None:
+                    self.model.engine.scheduler.abort(event.id)
+                self._failed(ticket, err)
+            self._log_job(ticket)
+        if self.step_delay:
+            time.sleep(self.step_delay)
+
+    def _failed(self, ticket: Ticket, err: Exception) -> None:
+        if isinstance(err, Refused):  # expected: the user is told why
+            logger.info("%s refused: %s", ticket.label, err)
+        else:  # a failed job answers its request; the thread serves the next one
+            logger.exception("%s failed", ticket.label, exc_info=err)
+        ticket.resolve(error=err)
+
+    def stats(self) -> dict[str, Any]:
+        """The scheduler's and the cache's counts (read on the loop: plain numbers, never torch)."""
+        engine = getattr(self.model, "engine", None)
+        if engine is None:
+            return {}
+        scheduler, cache = engine.scheduler, engine.cache
+        return {"running": len(scheduler.running), "queued": scheduler.queued + len(self.held),
+                "steps": scheduler.stats.steps, "batch_mean": scheduler.stats.batch_mean,
+                "batch_max": scheduler.stats.batch_max, "cache_blocks_used": cache.used,
+                "cache_blocks_free": cache.free, "cache_hit_rate": cache.stats.hit_rate}  # fmt: skip
 
     def _run_load(self, ticket: Ticket) -> None:
         self.model, self.state = None, "loading"  # the old model's memory is freed before the new one is read
@@ -168,21 +255,9 @@ class ModelWorker:
             self.model, self.state, self.error = model, "ready", None
         ticket.resolve(model)
 
-    def _run_job(self, ticket: Ticket) -> None:
-        if self.model is None:
-            ticket.resolve(error=ModelUnavailable(self.error or "no model is loaded"))
-            return
-        try:
-            ticket.resolve(ticket.job(self.model, ticket))
-        except Refused as err:  # expected: the user is told why
-            logger.info("%s refused: %s", ticket.label, err)
-            ticket.resolve(error=err)
-        except Exception as err:  # a failed job answers its request; the thread serves the next one
-            logger.exception("%s failed", ticket.label)
-            ticket.resolve(error=err)
-
-    def _log_job(self, ticket: Ticket, seconds: float) -> None:
+    def _log_job(self, ticket: Ticket) -> None:
         """One log line per job; for a cancelled one, how many steps ran after the cancel (at most one)."""
+        seconds = time.perf_counter() - ticket.started
         if ticket.loads:
             failed = not ticket.future.cancelled() and ticket.future.exception()
             line = f"{ticket.label}: {f'failed: {failed}' if failed else 'done'} in {seconds * 1000:.0f} ms"
