@@ -113,6 +113,21 @@ def rss_mib(pid: int) -> float:
     return int(m[1]) / 1024 if m else float("nan")
 
 
+def terminate(process: subprocess.Popen) -> float:
+    """SIGTERM (a kill if it does not stop in 30 s); the process's RSS just before, in MiB (NaN if it
+    had already ended)."""
+    if process.poll() is not None:
+        return float("nan")
+    rss = rss_mib(process.pid)
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    return rss
+
+
 class Service:
     """`llada-lsp engine` on a socket of its own, with the in-process server's model and threads; its
     log (one line per job) is kept for the job times."""
@@ -137,14 +152,9 @@ class Service:
 
     def stop(self) -> list[float]:
         """SIGTERM; the seconds of each infill job it ran, in order."""
-        if self.process.poll() is None:
-            self.rss = rss_mib(self.process.pid)
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        rss = terminate(self.process)
+        if rss == rss:  # it was still running
+            self.rss = rss
         jobs = re.findall(r" infill \S+: \d+ steps in ([\d.]+) ms", self.log.read_text())
         shutil.rmtree(self.folder, ignore_errors=True)
         return [float(ms) / 1000 for ms in jobs]

@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_lsp import RECORDING, Keystroke, replay, rss_mib  # noqa: E402  (the examples folder)
+from bench_lsp import RECORDING, Keystroke, replay, terminate  # noqa: E402  (the examples folder)
 
 from llada_lsp import wire  # noqa: E402
 from llada_lsp.completion.pipeline import CHARS_PER_TOKEN, CONTEXT_TOKENS, MAX_TOKENS, window  # noqa: E402
@@ -156,15 +156,7 @@ class Service:
 
     def stop(self) -> float:
         """SIGTERM (a kill if it does not stop in 30 s); its RSS just before, in MiB."""
-        rss = float("nan")
-        if self.process.poll() is None:
-            rss = rss_mib(self.process.pid)
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        rss = terminate(self.process)
         shutil.rmtree(self.folder, ignore_errors=True)
         return rss
 

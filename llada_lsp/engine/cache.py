@@ -199,20 +199,26 @@ class PagedView:
     def __init__(self, cache: BlockCache, rows: list[tuple[list[int], int, int]], width: int):
         bs, device = cache.block_size, cache.k.device
         self.cache = cache
-        S = max(end for _, _, end in rows)
-        positions, writes, reads = [], [], []
-        for pages, start, end in rows:
-            pad = width - (end - start)
-            positions.append([0] * pad + list(range(start, end)))
-            writes.extend([SCRATCH * bs + i % bs for i in range(pad)] + [pages[p // bs] * bs + p % bs for p in range(start, end)])
-            reads.append([pages[p // bs] * bs + p % bs for p in range(end)] + [SCRATCH * bs] * (S - end))
-        self.positions = torch.tensor(positions, device=device)  # [B, T]
-        self.writes = torch.tensor(writes, device=device)  # [B * T]
-        self.reads = torch.tensor(reads, device=device)  # [B, S]
-        ends = torch.tensor([end for _, _, end in rows], device=device)
-        keys = torch.arange(S, device=device)
-        allow = (keys[None, None, :] // bs <= self.positions[:, :, None] // bs) & (keys[None, :] < ends[:, None])[:, None]
-        self.allow = allow[:, None]  # [B, 1, T, S]
+        B, S = len(rows), max(end for _, _, end in rows)
+        n_pages = -(-S // bs)
+        table = torch.full((B, n_pages), SCRATCH, dtype=torch.long)  # page of each key block, scratch past the end
+        starts, ends = torch.empty(B, dtype=torch.long), torch.empty(B, dtype=torch.long)
+        for r, (pages, start, end) in enumerate(rows):
+            used = -(-end // bs)
+            table[r, :used] = torch.as_tensor(pages[:used])
+            starts[r], ends[r] = start, end
+        keys = torch.arange(S)
+        reads = table[:, keys // bs] * bs + keys % bs  # [B, S] slots
+        positions = ends[:, None] - width + torch.arange(width)  # right-aligned queries; padding < start
+        pad = positions < starts[:, None]
+        positions = positions.masked_fill(pad, 0)
+        writes = torch.gather(reads, 1, positions) if S else reads
+        writes = writes.masked_fill(pad, SCRATCH * bs)
+        allow = (keys[None, None, :] // bs <= positions[:, :, None] // bs) & (keys[None, :] < ends[:, None])[:, None]
+        self.positions = positions.to(device)  # [B, T]
+        self.writes = writes.flatten().to(device)  # [B * T]
+        self.reads = reads.to(device)  # [B, S]
+        self.allow = allow[:, None].to(device)  # [B, 1, T, S]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [B, K, T, D] -> every row's visible keys and values [B, K, S, D]."""
