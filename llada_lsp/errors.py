@@ -6,6 +6,10 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the message names the file, key or tensor."""
 
 
+class LoadAbandoned(CheckpointError):
+    """A load stopped part-way because nobody wants its model any more (a newer load, a stopping server)."""
+
+
 class Refused(ValueError):
     """A request refused for a reason the user is told (a selection too long for the model, an
     instruction it cannot follow): answered and logged as one line, not as a crash."""
@@ -17,3 +21,8 @@ class Busy(Refused):
 
 class TooLong(Refused):
     """A request longer than the model or the engine's K/V memory can hold."""
+
+
+class BadLogits(RuntimeError):
+    """The model produced NaN or infinite logits (broken weights, an overflow in half precision): the
+    request fails with that said, rather than with a silently empty completion."""

@@ -299,3 +299,23 @@ def test_a_sequence_longer_than_the_pool_is_refused(model):
     with pytest.raises(TooLong, match="--cache-mb"):
         scheduler.add(settings(engine, prompt=PROMPT * 2, gen_length=64))  # 7 blocks, 3 pages
     assert scheduler.idle()
+
+
+def test_nan_logits_fail_the_request_with_a_message(model):
+    """A broken model (a NaN weight) fails the generation with that said, never an empty completion;
+    other sequences of the same batch are answered on their own."""
+    import copy
+
+    from llada_lsp.errors import BadLogits
+
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.lm_head.weight[5] = float("nan")
+    with pytest.raises(BadLogits, match="NaN or infinite logits at step 1"):
+        Engine(broken).generation(PROMPT, 40, "speed", mask_id=511, eos_id=508).run()
+    engine = Engine(broken, max_batch=2)
+    a = engine.scheduler.add(settings(engine))
+    b = engine.scheduler.add(settings(engine, mode="quality"))
+    ends = drain(engine.scheduler)
+    assert set(ends) == {a, b} and all(isinstance(e.error, BadLogits) for e in ends.values())
+    assert engine.cache.used == engine.cache.cached  # every private page came back (prompt blocks stay cached)

@@ -124,6 +124,8 @@ class Engine:
                         yield event.draft
                     elif event.result is not None:
                         gen.result = event.result
+                        if event.error is not None:
+                            raise event.error
                         return
         finally:  # the consumer stopped iterating early: the sequence leaves, its pages go back
             if gen.result is None:

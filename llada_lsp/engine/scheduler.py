@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import Busy, TooLong
+from ..errors import BadLogits, Busy, TooLong
 from ..model import LLaDA2
 from .cache import BlockCache, CacheFull, Node
 from .policy import joint_threshold
@@ -172,10 +172,10 @@ class Scheduler:
         for entry in [e for e in self.running if e.seq.finished]:
             self.running.remove(entry)
             seq = entry.seq
-            if self.use_cache:
+            if self.use_cache and seq.error is None:
                 self._commit(entry, seq.valid // self.block_size)
             self.cache.release(entry.nodes, sorted(entry.private))
-            events.append(Event(entry.id, result=seq.result))
+            events.append(Event(entry.id, result=seq.result, error=seq.error))
 
     # --- the batched forward -----------------------------------------------------------------------
     def _forward(self, rows: list[_Entry], events: list[Event]) -> None:
@@ -188,6 +188,7 @@ class Scheduler:
         )
         view = self.cache.view([(e.pages, start, hi) for e, (start, hi) in zip(rows, spans)], width)
         logits = self.model(ids, kv=view, last_n=bs)  # [B, bs, V]
+        finite = torch.isfinite(logits).flatten(1).all(1, keepdim=True).long()  # before any -inf of ours
         for r, entry in enumerate(rows):
             at = entry.seq.allowed_row
             if at is not None:
@@ -199,9 +200,13 @@ class Scheduler:
             torch.tensor([s.settings.mask_id for s in seqs], device=device),
             [s.settings.policy.threshold for s in seqs], [s.settings.policy.editing_threshold for s in seqs],
         )  # fmt: skip
-        packed = torch.cat([update.tokens, update.filled.long(), update.edited.long()], dim=1).tolist()  # one sync
+        packed = torch.cat([update.tokens, update.filled.long(), update.edited.long(), finite], dim=1).tolist()  # one sync
         for entry, (start, _), row in zip(rows, spans, packed):
-            draft = entry.seq.apply(start, row[:bs], row[bs : 2 * bs], row[2 * bs :])
+            if not row[3 * bs]:
+                entry.seq.fail(BadLogits(f"the model produced NaN or infinite logits at step {entry.seq.result.steps + 1} "
+                                         f"(block {entry.seq.b}): its weights or its precision are broken"))  # fmt: skip
+                continue
+            draft = entry.seq.apply(start, row[:bs], row[bs : 2 * bs], row[2 * bs : 3 * bs])
             events.append(Event(entry.id, draft=draft))
         self.stats.steps += 1
         self.stats.rows += len(rows)

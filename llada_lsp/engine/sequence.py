@@ -98,6 +98,7 @@ class Sequence:
         self.valid = 0  # K/V of positions [0, valid) in the sequence's pages match the canvas
         self.finished = False
         self.aborted = False  # Scheduler.abort
+        self.error: Exception | None = None  # why it ended without a result (fail)
         self._enter(self.first)
 
     # --- the block loop ----------------------------------------------------------------------------
@@ -167,6 +168,11 @@ class Sequence:
         if self.b + 1 >= self.n_blocks:
             return self._finish()
         self._enter(self.b + 1)
+
+    def fail(self, error: Exception) -> None:
+        """It ends here with `error` (its canvas is not a completion)."""
+        self.error = error
+        self._finish()
 
     def _finish(self) -> None:
         s = self.settings

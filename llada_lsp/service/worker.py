@@ -21,7 +21,7 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
 from ..completion.pipeline import LoadedModel, ModelSpec, Plan, load
-from ..errors import CheckpointError, Refused
+from ..errors import BadLogits, CheckpointError, Refused
 from .loop import call_on_loop
 
 logger = logging.getLogger(__name__)
@@ -212,6 +212,8 @@ class ModelWorker:
                     ticket.emit(*plan.on_draft(event.draft))
                     continue
                 del self.live[event.id]
+                if event.error is not None:
+                    raise event.error
                 ticket.resolve(plan.finish(event.result))
             except Exception as err:  # a plan's own failure answers its request only
                 if self.live.pop(event.id, None) is not None:
@@ -224,6 +226,8 @@ class ModelWorker:
     def _failed(self, ticket: Ticket, err: Exception) -> None:
         if isinstance(err, Refused):  # expected: the user is told why
             logger.info("%s refused: %s", ticket.label, err)
+        elif isinstance(err, BadLogits):  # the model's fault, not the code's: one line says it
+            logger.error("%s failed: %s", ticket.label, err)
         else:  # a failed job answers its request; the thread serves the next one
             logger.exception("%s failed", ticket.label, exc_info=err)
         ticket.resolve(error=err)
