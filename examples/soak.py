@@ -1,0 +1,294 @@
+"""A soak run: several editors hammer one engine service through their own language servers for a
+while, with random edits, completions, cancels, rewrites and malformed messages, and every request
+must be answered.
+
+One `llada-lsp engine` (embedded model unless `--model`), and per client one `llada-lsp serve --engine
+unix:...` front over stdio, driven by a minimal JSON-RPC client written here (so it can also send
+what no library would: a body that is not JSON, a batch array, an object as an id, an unknown
+method). Each client opens a document and loops until the time is up: an incremental edit (insert
+or delete at a random spot, now and then a lone surrogate), an inline completion (a fifth of them
+cancelled soon after), a rewrite of a random line now and then, and a malformed message now and
+then. Requests the server sends (work-done progress, applyEdit) are answered. At the end each client
+waits for its outstanding answers (up to `--drain` seconds), then shuts its server down.
+
+Printed: requests sent and answered per client, results and errors by kind (JSON-RPC code),
+unanswered requests (must be 0: the exit status is 1 otherwise), and the RSS of the service and of
+each front at the start and at the end.
+
+    python examples/soak.py [--minutes 5] [--clients 3] [--seed 0] [--model PATH] [--threads 2]
+
+A stress run, not a benchmark: the mix is random but seeded; rates depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_lsp import rss_mib  # noqa: E402  (the examples folder)
+
+SOURCE = (Path(__file__).resolve().parent / "data" / "inventory.py").read_text()
+MALFORMED = {  # what is sent -> the error code a server should answer it with (None: no id to answer)
+    "not json": (b"{this is not json", -32700),
+    "batch array": (b'[{"jsonrpc": "2.0", "id": 1, "method": "shutdown"}]', -32600),
+    "object id": (b'{"jsonrpc": "2.0", "id": {"x": 1}, "method": "llada/nothing"}', -32600),
+    "unknown method": (None, -32601),
+}
+
+
+def frame(body: bytes) -> bytes:
+    return b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+class Client:
+    """One editor: a front process on pipes, its document, and what it asked and got."""
+
+    def __init__(self, name: str, address: str, rng: random.Random, args):
+        self.name, self.address, self.rng, self.args = name, address, rng, args
+        self.uri = f"file:///soak/{name}.py"
+        self.text, self.version = SOURCE, 1
+        self.next_id = 0
+        self.pending: dict[int, tuple[str, float]] = {}  # id -> (method, sent)
+        self.answered: dict[int, asyncio.Future] = {}
+        self.sent = Counter()  # method -> count
+        self.outcomes = Counter()  # "result" or the error code (and its kind) -> count
+        self.malformed = Counter()  # kind -> answered as expected
+        self.proc: asyncio.subprocess.Process | None = None
+        self.rss_start = self.rss_end = float("nan")
+
+    async def start(self) -> None:
+        command = [sys.executable, "-m", "llada_lsp", "serve", "--engine", self.address]
+        self.proc = await asyncio.create_subprocess_exec(*command, stdin=asyncio.subprocess.PIPE,
+                                                         stdout=asyncio.subprocess.PIPE,
+                                                         stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+        self.reader = asyncio.ensure_future(self._read())
+        await self.request("initialize", {"processId": None, "rootUri": None, "capabilities": {
+            "window": {"workDoneProgress": True}, "workspace": {"applyEdit": True}}})  # fmt: skip
+        self.notify("initialized", {})
+        self.notify("textDocument/didOpen", {"textDocument": {"uri": self.uri, "languageId": "python",
+                                                              "version": self.version, "text": self.text}})  # fmt: skip
+        self.rss_start = rss_mib(self.proc.pid)
+
+    # --- the wire ----------------------------------------------------------------------------------
+    def write(self, body: bytes) -> None:
+        self.proc.stdin.write(frame(body))
+
+    def send(self, message: dict) -> None:
+        self.write(json.dumps({"jsonrpc": "2.0", **message}).encode())
+
+    def notify(self, method: str, params) -> None:
+        self.send({"method": method, "params": params})
+
+    def ask(self, method: str, params) -> tuple[int, asyncio.Future]:
+        self.next_id += 1
+        rid = self.next_id
+        self.pending[rid] = (method, time.monotonic())
+        self.answered[rid] = asyncio.get_running_loop().create_future()
+        self.sent[method] += 1
+        self.send({"id": rid, "method": method, "params": params})
+        return rid, self.answered[rid]
+
+    async def request(self, method: str, params, timeout: float = 300):
+        _, answer = self.ask(method, params)
+        return await asyncio.wait_for(answer, timeout)
+
+    async def _read(self) -> None:
+        stream = self.proc.stdout
+        while True:
+            length = None
+            while True:  # headers
+                line = await stream.readline()
+                if not line:
+                    return
+                line = line.strip()
+                if not line:
+                    break
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            message = json.loads(await stream.readexactly(length))
+            self._dispatch(message)
+
+    def _dispatch(self, message: dict) -> None:
+        if "method" in message:  # from the server
+            if "id" in message:  # a request: applyEdit is declined (the document is ours), the rest acknowledged
+                result = {"applied": False} if message["method"] == "workspace/applyEdit" else None
+                self.send({"id": message["id"], "result": result})
+            return
+        rid = message.get("id")
+        error = message.get("error")
+        key = "result" if error is None else f"error {error.get('code')}"
+        if rid in self.pending:
+            del self.pending[rid]
+            self.outcomes[key] += 1
+            self.answered[rid].set_result(message)
+        elif isinstance(rid, int) and rid < 0:  # a malformed message we numbered negative
+            self.malformed[(-rid, key)] += 1
+        else:  # an answer with no id we know: a malformed message's (id null)
+            self.malformed[("null", key)] += 1
+
+    # --- what an editor does ------------------------------------------------------------------------
+    def position(self, offset: int) -> dict:
+        line = self.text.count("\n", 0, offset)
+        return {"line": line, "character": offset - (self.text.rfind("\n", 0, offset) + 1)}
+
+    def edit(self) -> None:
+        rng = self.rng
+        at = rng.randrange(len(self.text) + 1)
+        if rng.random() < 0.5 and len(self.text) > 200:
+            end = min(len(self.text), at + rng.randrange(1, 12))
+            new = ""
+        else:
+            end = at
+            new = rng.choice(["x", " ", "\n", "def f(a):\n    return a", "(", ")", "self.", "\ud800", "# note\n"])
+        change = {"range": {"start": self.position(at), "end": self.position(end)}, "text": new}
+        self.text = self.text[:at] + new + self.text[end:]
+        self.version += 1
+        self.notify("textDocument/didChange", {"textDocument": {"uri": self.uri, "version": self.version},
+                                               "contentChanges": [change]})  # fmt: skip
+
+    async def complete(self) -> None:
+        at = self.rng.randrange(len(self.text) + 1)
+        rid, answer = self.ask("textDocument/inlineCompletion", {
+            "textDocument": {"uri": self.uri}, "position": self.position(at),
+            "context": {"triggerKind": 2}})  # fmt: skip
+        if self.rng.random() < 0.2:
+            await asyncio.sleep(self.rng.random() * 0.1)
+            self.notify("$/cancelRequest", {"id": rid})
+        await answer
+
+    async def rewrite(self) -> None:
+        line = self.rng.randrange(self.text.count("\n") + 1)
+        text = self.text.split("\n")[line]
+        arg = {"textDocument": {"uri": self.uri, "version": self.version},
+               "range": {"start": {"line": line, "character": 0}, "end": {"line": line, "character": len(text)}}}
+        _, answer = self.ask("workspace/executeCommand", {"command": "llada.rewriteSelection", "arguments": [arg]})
+        await answer
+
+    def misbehave(self) -> None:
+        kind = self.rng.choice(sorted(MALFORMED))
+        body, _code = MALFORMED[kind]
+        self.sent[f"malformed: {kind}"] += 1
+        if body is None:  # a well-formed request for a method nobody serves: numbered negative
+            self.send({"id": -self.sent[f"malformed: {kind}"], "method": "llada/noSuchMethod", "params": {}})
+        else:
+            self.write(body)
+
+    async def run(self, until: float) -> None:
+        while time.monotonic() < until:
+            roll = self.rng.random()
+            if roll < 0.45:
+                self.edit()
+                await asyncio.sleep(0.01)
+            elif roll < 0.85:
+                await self.complete()
+            elif roll < 0.93:
+                await self.rewrite()
+            else:
+                self.misbehave()
+                await asyncio.sleep(0.01)
+
+    async def finish(self, drain: float) -> list[tuple[int, str]]:
+        """Waits up to `drain` seconds for outstanding answers; what is still unanswered then."""
+        deadline = time.monotonic() + drain
+        while self.pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        missing = [(rid, method) for rid, (method, _) in self.pending.items()]
+        self.rss_end = rss_mib(self.proc.pid)
+        try:
+            await self.request("shutdown", None, timeout=30)
+            self.notify("exit", None)
+            await asyncio.wait_for(self.proc.wait(), 30)
+        except (TimeoutError, ConnectionError):
+            self.proc.kill()
+        self.reader.cancel()
+        return missing
+
+
+async def soak(args) -> int:
+    folder = Path(tempfile.mkdtemp(prefix="soak", dir="/tmp"))
+    address = f"unix:{folder / 'engine.sock'}"
+    command = [sys.executable, "-m", "llada_lsp", "engine", "--listen", address, "--threads", str(args.threads)]
+    if args.model:
+        command += ["--model", args.model]
+    log = (folder / "engine.log").open("w")
+    service = await asyncio.create_subprocess_exec(*command, stdout=log, stderr=log)
+    clients: list[Client] = []
+    try:
+        while not (folder / "engine.sock").exists():
+            if service.returncode is not None:
+                raise SystemExit(f"soak: the engine service did not start:\n{(folder / 'engine.log').read_text()}")
+            await asyncio.sleep(0.05)
+        rss_service_start = rss_mib(service.pid)
+        rng = random.Random(args.seed)
+        clients = [Client(f"client{i}", address, random.Random(rng.random()), args) for i in range(args.clients)]
+        await asyncio.gather(*(c.start() for c in clients))
+        until = time.monotonic() + args.minutes * 60
+        print(f"{args.clients} clients for {args.minutes:g} minutes against one engine service ...", flush=True)
+        await asyncio.gather(*(c.run(until) for c in clients))
+        rss_service_end = rss_mib(service.pid)
+        missing = {c.name: await c.finish(args.drain) for c in clients}
+    finally:
+        for c in clients:
+            if c.proc is not None and c.proc.returncode is None:
+                c.proc.kill()
+        if service.returncode is None:  # SIGTERM: the service removes its socket and stops
+            service.terminate()
+            try:
+                await asyncio.wait_for(service.wait(), 30)
+            except TimeoutError:
+                service.kill()
+                await service.wait()
+        log.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+    total_missing = sum(len(m) for m in missing.values())
+    print(f"\n{'client':<9} {'sent':>6} {'answered':>8} {'unanswered':>10} {'RSS start':>10} {'RSS end':>8}  outcomes")
+    for c in clients:
+        sent = sum(n for m, n in c.sent.items() if not m.startswith("malformed"))
+        answered = sum(c.outcomes.values())
+        outcomes = ", ".join(f"{k}: {n}" for k, n in sorted(c.outcomes.items()))
+        print(f"{c.name:<9} {sent:6} {answered:8} {len(missing[c.name]):10} {c.rss_start:10.0f} {c.rss_end:8.0f}  {outcomes}")
+    print(f"{'service':<9} {'':6} {'':8} {'':10} {rss_service_start:10.0f} {rss_service_end:8.0f}")
+    sent = Counter()
+    for c in clients:
+        sent.update(c.sent)
+    print("\nsent by method: " + ", ".join(f"{m} {n}" for m, n in sorted(sent.items())))
+    malformed = Counter()
+    for c in clients:
+        for (_, key), n in c.malformed.items():
+            malformed[key] += n
+    print("answers to malformed messages: " + (", ".join(f"{k}: {n}" for k, n in sorted(malformed.items())) or "none"))
+    for name, m in missing.items():
+        for rid, method in m:
+            print(f"UNANSWERED: {name} request {rid} ({method})")
+    print(f"\nunanswered requests: {total_missing}")
+    return 1 if total_missing else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=5.0, help="how long the clients keep going (default 5)")
+    ap.add_argument("--clients", type=int, default=3, help="editors, each with its own front (default 3)")
+    ap.add_argument("--seed", type=int, default=0, help="the random mix (default 0)")
+    ap.add_argument("--drain", type=float, default=120.0,
+                    help="seconds to wait for outstanding answers at the end (default 120)")  # fmt: skip
+    ap.add_argument("--model", metavar="PATH|HF-ID", help="the engine's model (default: the embedded one)")
+    ap.add_argument("--threads", type=int, default=2, help="the engine's torch threads (default 2)")
+    args = ap.parse_args(argv)
+    if args.clients < 1 or args.minutes <= 0:
+        ap.error("--clients and --minutes must be positive")
+    return asyncio.run(soak(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
