@@ -65,6 +65,19 @@ def test_document_text_is_encoded_literally(codec):
     assert p.ids.count(s.eos) == 0 and p.ids.count(s.fim_middle) == 1
 
 
+def test_lone_surrogates_are_encoded_as_replacement_characters(codec):
+    """A lone surrogate (legal in JSON, left by bad pastes) made the tokenizer raise TypeError on every
+    request about its document; it now stands for U+FFFD, one character for one."""
+    before, after = 'bad = "\ud800"\ndef add(a, b):\n    return a', '\n\udfff = 1\n'
+    clean_before, clean_after = before.replace("\ud800", "\ufffd"), after.replace("\udfff", "\ufffd")
+    assert codec.encode(before) == codec.encode(clean_before)
+    assert codec.encode_batch([before, after]) == [codec.encode(clean_before), codec.encode(clean_after)]
+    assert codec.encode_markup("<role>USER</role>\ud83d") == codec.encode_markup("<role>USER</role>\ufffd")
+    assert infill_prompt(before, after, codec, 128).ids == infill_prompt(clean_before, clean_after, codec, 128).ids
+    r = rewrite_prompt(before, "x = '\ud800'", after, codec, 256, 128)
+    assert r.init_ids == codec.encode("x = '\ufffd'")
+
+
 def test_chat_layout_without_fim_tokens(codec):
     no_fim = dataclasses.replace(codec, special=SpecialIds(codec.special.eos, codec.special.mask))
     p = infill_prompt("def add(a, b):\n    return ", "\n", no_fim, 512)

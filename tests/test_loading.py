@@ -1,17 +1,25 @@
-"""Checkpoint loading: sharded folders, name mapping round trip, and one-line errors for bad input."""
+"""Checkpoint loading: sharded folders, name mapping round trip, one-line errors for bad input, sizes
+checked against the safetensors headers before anything is built, and loads that can be abandoned."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
+import threading
+import time
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from llada_lsp import CheckpointError, load_model
-from llada_lsp.model import LLaDA2, LLaDA2Config, save_model
+from llada_lsp.completion.pipeline import ModelSpec, load
+from llada_lsp.errors import LoadAbandoned
+from llada_lsp.model import EMBEDDED_MODEL, LLaDA2, LLaDA2Config, save_model
+from llada_lsp.model import loader
 from llada_lsp.model.loader import resolve_path
+from llada_lsp.service.worker import ModelWorker
 
 
 @pytest.fixture()
@@ -76,6 +84,103 @@ def test_errors_name_the_culprit(golden_copy, tmp_path):
     save_file(tensors, str(golden_copy / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"experts\.3\.up_proj\.weight: missing"):
         load_model(golden_copy)
+
+
+@pytest.fixture()
+def embedded_with_config(tmp_path):
+    """The embedded model's files, linked into a folder whose config.json the test writes."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (folder / name).symlink_to(EMBEDDED_MODEL / name)
+    config = json.loads((EMBEDDED_MODEL / "config.json").read_text())
+
+    def write(**changes) -> str:
+        (folder / "config.json").write_text(json.dumps({**config, **changes}))
+        return str(folder)
+
+    return write
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        # Built as asked, a million layers grew memory by 30 MB/s for minutes, past every cancel.
+        ({"num_hidden_layers": 1_000_000}, "config.json says 1000000 layers, the weights hold 4"),
+        ({"num_hidden_layers": 2}, "config.json says 2 layers, the weights hold 4"),
+        ({"num_experts": 100_000_000}, "config.json says 100000000 experts, the weights hold 8"),
+        ({"vocab_size": 10**12}, r"tensor model\.word_embeddings\.weight has shape \(8192, 256\), config.json "
+                                 r"implies \(1000000000000, 256\)"),
+        ({"num_attention_heads": 0, "head_dim": None}, "num_attention_heads: 0 is not a positive integer"),
+        ({"hidden_size": -256}, "hidden_size: -256 is not a positive integer"),
+        ({"num_hidden_layers": "4"}, "num_hidden_layers: '4' is not a positive integer"),
+        ({"num_experts_per_tok": 9}, "num_experts_per_tok: 9 > num_experts 8"),
+    ],
+)  # fmt: skip
+def test_sizes_that_disagree_with_the_weights_fail_before_anything_is_built(embedded_with_config, changes, message):
+    folder = embedded_with_config(**changes)
+    started = time.perf_counter()
+    with pytest.raises(CheckpointError, match=message) as caught:
+        load_model(folder)
+    assert time.perf_counter() - started < 2, "the sizes must be refused from the headers, before building"
+    assert "\n" not in str(caught.value)
+
+
+def test_weights_larger_than_the_device_are_refused_before_reading(embedded_with_config, monkeypatch):
+    folder = embedded_with_config()
+    monkeypatch.setattr(loader, "device_memory", lambda device: 2**20)
+    with pytest.raises(CheckpointError, match=r"the weights need 3\d\.\d MiB as float32, more than the 1\.0 MiB of cpu"):
+        load_model(folder, dtype="float32")
+
+
+def test_weights_stored_as_integers_or_unreadable_are_named(golden_copy):
+    tensors = load_file(golden_copy / "model.safetensors")
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].to(torch.int32)
+    save_file(tensors, str(golden_copy / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"tensor model\.norm\.weight is stored as I32, not as floats"):
+        load_model(golden_copy)
+    (golden_copy / "model.safetensors").write_bytes(b"\xff" * 8 + b"{}")
+    with pytest.raises(CheckpointError, match="model.safetensors: not a readable safetensors file"):
+        load_model(golden_copy)
+
+
+def test_a_cancelled_load_stops_at_the_next_tensor(golden_dir):
+    asked = 0
+
+    def cancelled() -> bool:
+        nonlocal asked
+        asked += 1
+        return asked > 5
+
+    with pytest.raises(LoadAbandoned, match="loading abandoned"):
+        load_model(golden_dir, cancelled=cancelled)
+    assert asked == 6  # the golden model has ~60 tensors: the rest were never read
+
+
+async def test_stopping_the_model_thread_abandons_its_load():
+    """ModelWorker.stop (server shutdown) no longer waits for a load to read every tensor."""
+    reading, stopping = threading.Event(), threading.Event()
+    asked_after_stop = 0
+
+    def held_at_the_first_tensor(spec, report, cancelled):
+        def check() -> bool:
+            nonlocal asked_after_stop
+            if not reading.is_set():  # park the load between two tensors until the test has cancelled
+                reading.set()
+                stopping.wait(10)
+            asked_after_stop += 1
+            return cancelled()
+
+        return load(spec, report, check)
+
+    worker = ModelWorker(asyncio.get_running_loop(), lambda line: None, loader=held_at_the_first_tensor)
+    ticket = worker.load(ModelSpec(None, threads=1), lambda *_: None)
+    assert await asyncio.to_thread(reading.wait, 10)
+    worker.cancel_all()  # what stop() does first; then the parked load may go on, and must stop
+    stopping.set()
+    assert worker.stop(timeout=10)
+    assert asked_after_stop == 1  # not one more tensor was read
+    assert ticket.future.cancelled() and worker.model is None
 
 
 def test_hf_id_is_never_downloaded(monkeypatch, tmp_path):

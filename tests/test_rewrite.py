@@ -28,6 +28,15 @@ def test_python_that_parsed_must_still_parse():
     assert check_rewrite(PY, start, end, 'name.split()\n    """Split', python=True) is not None
 
 
+def test_python_with_a_lone_surrogate_is_still_parsed():
+    """ast refuses text with a lone surrogate; without the U+FFFD stand-in the file would 'not parse'
+    and a rewrite that drops a colon (brackets intact) would pass the weaker check."""
+    text = "s = '\ud800'\nif s:\n    pass\n"
+    start = text.index("if s:")
+    reason = check_rewrite(text, start, start + 5, "if s", python=True)
+    assert reason is not None and "unparsable" in reason and "line 2" in reason
+
+
 def test_python_that_did_not_parse_falls_back_to_brackets_and_quotes():
     broken = "def f(:\n    return g(a, b)\n"
     start = broken.index("g(a, b)")

@@ -249,6 +249,24 @@ async def test_completion_fallback_inserts_with_a_text_edit(editor: Editor):
     assert item.label.startswith("val") and item.filter_text.startswith("val")
 
 
+async def test_a_document_with_lone_surrogates_gets_answers(editor: Editor):
+    """A lone surrogate ("\\ud800" in the JSON, legal there, common after a bad paste) made every
+    completion and rewrite on its document fail with -32603 (the tokenizer's TypeError). It counts as
+    one UTF-16 unit, so an answer on its line lands where the client asked."""
+    uri = editor.open("# pasted: \ud800\n" + SOURCE.replace("return a + \n", "return a + \udfff\n"))
+    answered = t.Position(ANSWERED.line + 1, ANSWERED.character)
+    (item,) = (await editor.inline(uri, answered)).items
+    assert item.range == t.Range(answered, answered) and item.insert_text.strip()
+    after_it = t.Position(answered.line, MID_LINE.character + 1)  # past the surrogate: the line's end
+    result = await editor.inline(uri, after_it)
+    assert all(i.range == t.Range(after_it, after_it) for i in result.items)
+    params = t.CompletionParams(text_document=t.TextDocumentIdentifier(uri), position=answered)
+    assert isinstance(await editor.request(t.TEXT_DOCUMENT_COMPLETION, params), t.CompletionList)
+    argument = {"textDocument": {"uri": uri, "version": 1}, "range": span(0, 0, 3, 0)}
+    result = await editor.command("llada.rewriteSelection", argument)
+    assert set(result) >= {"applied", "changed", "text"} and "\ud800" not in result["text"]
+
+
 @pytest.fixture(scope="module")
 def untrained_model(tmp_path_factory) -> str:
     """The embedded model's architecture and tokenizer with seeded random weights: its answers are

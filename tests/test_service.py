@@ -26,7 +26,8 @@ import pytest
 from llada_lsp import wire
 from llada_lsp.errors import CheckpointError
 from llada_lsp.model import EMBEDDED_MODEL
-from llada_lsp.completion.pipeline import ModelSpec
+from llada_lsp.completion.pipeline import Infill, ModelSpec, Rewrite
+from llada_lsp.server.completers import CompletionFailed, RemoteCompleter
 from llada_lsp.service.worker import ModelWorker
 from llada_lsp.service import engine
 from llada_lsp.service.address import Address, default_socket_path, parse_address, private_folder, read_token
@@ -169,7 +170,7 @@ def short_dir():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _no_weights(spec: ModelSpec, report) -> None:
+def _no_weights(spec: ModelSpec, report, cancelled) -> None:
     report(f"reading {spec.name}", 10)
     raise CheckpointError(f"{spec.name}: no weights here")
 
@@ -228,6 +229,20 @@ async def test_without_a_model_requests_fail_no_model_and_status_says_why(short_
             status = await client.status()
             assert (status.state, status.clients, status.queue) == ("error", 1, 0)
             assert "no weights here" in status.error
+
+
+async def test_a_document_with_a_lone_surrogate_reaches_the_service(short_dir):
+    """msgpack carries UTF-8, which has no lone surrogates: the front sends them as U+FFFD (as the
+    tokenizer takes them) instead of failing every request about the document before it leaves."""
+    async with in_process(Address("unix", str(short_dir / "e.sock"))) as (address, _):
+        completer = await RemoteCompleter.connect(str(address), None, lambda line: None)
+        text = 'x = "\ud800"\nprint(x'
+        with pytest.raises(CompletionFailed, match="no weights here"):  # the service's answer: it got there
+            await completer.run("doc", "inline", Infill(text, len(text), "speed", 8, 1024), None)
+        with pytest.raises(CompletionFailed, match="no weights here"):
+            await completer.run("doc", "rewrite", Rewrite(text, 5, 6, "speed", 1024), None)
+        assert completer.client.gone is None
+        await completer.client.close()
 
 
 async def test_a_bad_request_is_answered_and_the_connection_stays(short_dir):

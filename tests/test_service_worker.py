@@ -34,7 +34,8 @@ def stepping(steps: int, gate: threading.Event | None = None, started: threading
 
 async def ready_worker(logs: list[str]) -> ModelWorker:
     loop = asyncio.get_running_loop()
-    worker = ModelWorker(loop, logs.append, loader=lambda spec, report: report("reading", 50) or f"model {spec.name}")
+    worker = ModelWorker(loop, logs.append,
+                         loader=lambda spec, report, cancelled: report("reading", 50) or f"model {spec.name}")
     reports = []
     await asyncio.wrap_future(worker.load(ModelSpec("m"), lambda msg, pct: reports.append((msg, pct))).future)
     assert worker.state == "ready" and reports == [("reading", 50)]
@@ -155,7 +156,7 @@ async def test_the_log_counts_the_step_that_ran_after_the_cancel():
 
 
 async def test_a_failed_load_is_reported_and_jobs_answer_with_it():
-    def broken(spec, report):
+    def broken(spec, report, cancelled):
         raise CheckpointError(f"{spec.name}: no such model folder")
 
     worker = ModelWorker(asyncio.get_running_loop(), lambda line: None, loader=broken)

@@ -7,12 +7,24 @@ Knows token ids and strings; nothing of documents, positions or the LSP.
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from .layouts import SpecialIds
+
+# A lone surrogate (legal in a JSON string, common after a bad paste) is no text the tokenizer takes: it
+# failed the whole request with a TypeError. JSON decoding joins a valid pair into one character, so a
+# surrogate left in a document is lone (or half of a pair the editor sent in two edits: two characters
+# to the server's offsets, so it becomes two U+FFFD).
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_surrogates(text: str) -> str:
+    """Every lone surrogate as U+FFFD: one character for one, so offsets into `text` stay right."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 @dataclass(frozen=True)
@@ -38,12 +50,13 @@ class TextCodec:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         if not texts:
             return []
+        texts = [without_surrogates(text) for text in texts]
         out = self.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         return [list(ids) for ids in out]
 
     def encode_markup(self, text: str) -> list[int]:
         """Template text, whose special tokens (chat roles) must become special ids."""
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+        return list(self.tokenizer(without_surrogates(text), add_special_tokens=False)["input_ids"]) if text else []
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

@@ -108,8 +108,10 @@ class InstructionUnsupported(Refused):
     """A rewrite instruction given to a model that cannot follow one (a fill-in-the-middle model)."""
 
 
-def load(spec: ModelSpec, report: Callable[[str, int], None]) -> LoadedModel:
-    """Raises CheckpointError with a one-line message when the model cannot be used."""
+def load(spec: ModelSpec, report: Callable[[str, int], None],
+         cancelled: Callable[[], bool] | None = None) -> LoadedModel:  # fmt: skip
+    """Raises CheckpointError with a one-line message when the model cannot be used; LoadAbandoned (a
+    CheckpointError) at the next tensor once `cancelled()` is true."""
     report(f"reading {spec.name}", 10)
     import torch
 
@@ -118,7 +120,7 @@ def load(spec: ModelSpec, report: Callable[[str, int], None]) -> LoadedModel:
 
     if spec.threads:  # threads that outnumber the free cores spin against each other: a step can take 50x longer
         torch.set_num_threads(spec.threads)
-    model = load_model(spec.path, device=spec.device, dtype=spec.dtype)
+    model = load_model(spec.path, device=spec.device, dtype=spec.dtype, cancelled=cancelled)
     report("reading the tokenizer", 70)
     tokenizer = load_tokenizer(spec.path)
     if tokenizer is None:

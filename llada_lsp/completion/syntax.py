@@ -12,6 +12,8 @@ import ast
 import warnings
 from dataclasses import dataclass
 
+from .codec import without_surrogates
+
 _OPEN, _CLOSE = "([{", ")]}"
 _PAIR = dict(zip(_CLOSE, _OPEN))
 _QUOTES = "\"'`"
@@ -43,7 +45,7 @@ def python_error(source: str) -> str | None:
     try:
         with warnings.catch_warnings():  # invalid escapes and the like warn; they still parse
             warnings.simplefilter("ignore")
-            ast.parse(source)
+            ast.parse(without_surrogates(source))  # ast refuses text it cannot encode as UTF-8
     except SyntaxError as err:
         return f"{err.msg}, line {err.lineno}"
     except (ValueError, RecursionError) as err:  # NUL bytes; absurdly deep nesting

@@ -7,18 +7,21 @@ touches the network. Knows nothing of decoding.
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from transformers import AutoConfig
 
-from ..errors import CheckpointError
-from .config import LLaDA2Config
+from ..errors import CheckpointError, LoadAbandoned
+from .config import SIZE_KEYS, LLaDA2Config, check_sizes
 from .llada2 import LLaDA2, compute_dtype
 
 DTYPES = {
@@ -27,9 +30,11 @@ DTYPES = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16,
 }  # fmt: skip
+FLOAT_STORAGE = frozenset({"F16", "BF16", "F32", "F64"})  # safetensors' names of the dtypes a weight may have
 
 # Routed experts are stored one tensor per expert; the network stacks them (see llada2.Experts).
 EXPERT_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
 STACKED_NAME = {"gate_proj": "w_gate", "up_proj": "w_up", "down_proj": "w_down"}
 
 
@@ -89,10 +94,15 @@ def load_config(folder: Path) -> LLaDA2Config:
         raw = json.loads(file.read_text())
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{file}: not valid JSON ({err})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{file}: not a JSON object")
     if raw.get("model_type") != LLaDA2Config.model_type:
         raise CheckpointError(f"{file}: model_type is {raw.get('model_type')!r}, expected 'llada2_moe'")
-    config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     try:
+        # Sizes first: the constructor divides by some of them, and a string or a zero fails there far
+        # from its key. A key left out takes its default.
+        check_sizes({key: raw[key] for key in SIZE_KEYS if key in raw})
+        config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         config.validate_llada()
     except ValueError as err:
         raise CheckpointError(f"{file}: {err}") from None
@@ -111,6 +121,77 @@ def weight_files(folder: Path) -> list[Path]:
     if single.is_file():
         return [single]
     raise CheckpointError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+
+
+def stored_shapes(files: list[Path]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every tensor's shape and stored dtype ("BF16"), read from the safetensors headers alone (no tensor
+    is read). The library refuses a header whose offsets do not tile its file, so the shapes are what
+    the bytes hold."""
+    stored: dict[str, tuple[tuple[int, ...], str]] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for key in f.keys():
+                    tensor = f.get_slice(key)
+                    stored[key] = (tuple(tensor.get_shape()), tensor.get_dtype())
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(f"{file}: not a readable safetensors file ({err})") from None
+    return stored
+
+
+def check_counts(config: LLaDA2Config, names: list[str], folder: Path) -> None:
+    """config.json's layer and expert counts against the tensors the files list. Run before the network
+    is built: it has a module per layer and a checkpoint name per expert, so a count off by a factor of
+    a million would otherwise build for minutes before any shape could disagree."""
+    layers = {int(m[1]) for name in names if (m := LAYER_KEY.match(name))}
+    held = max(layers, default=-1) + 1
+    if config.num_hidden_layers != held:
+        raise CheckpointError(f"{folder}: config.json says {config.num_hidden_layers} layers, the weights hold {held}")
+    if config.num_hidden_layers <= config.first_k_dense_replace:
+        return  # every layer is dense: no routed experts to count
+    experts = {int(m[2]) for name in names if (m := EXPERT_KEY.match(name))}
+    held = max(experts, default=-1) + 1
+    if config.num_experts != held:
+        raise CheckpointError(f"{folder}: config.json says {config.num_experts} experts, the weights hold {held}")
+
+
+def check_shapes(expected: dict[str, tuple[int, ...]], stored: dict[str, tuple[tuple[int, ...], str]],
+                 folder: Path) -> None:  # fmt: skip
+    """Checkpoint names -> the shapes config.json implies, against those the headers list."""
+    missing = [name for name in expected if name not in stored]
+    if missing:
+        raise CheckpointError(f"{folder}: tensor {missing[0]}: missing from the checkpoint ({len(missing)} missing)")
+    for name, want in expected.items():
+        shape, dtype = stored[name]
+        if shape != want:
+            raise CheckpointError(f"{folder}: tensor {name} has shape {shape}, config.json implies {want}")
+        if dtype not in FLOAT_STORAGE:
+            raise CheckpointError(f"{folder}: tensor {name} is stored as {dtype}, not as floats")
+
+
+def device_memory(device: torch.device) -> int | None:
+    """The bytes the device has in all (None: unknown); what other processes hold is not subtracted,
+    so a refusal on it is never wrong, only late."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return None
+    return None
+
+
+def check_memory(expected: dict[str, tuple[int, ...]], dtype: torch.dtype, device: torch.device, folder: Path) -> None:
+    need = sum(math.prod(shape) * tensor_dtype(name, dtype).itemsize for name, shape in expected.items())
+    have = device_memory(device)
+    if have is not None and need > have:
+        raise CheckpointError(f"{folder}: the weights need {_bytes(need)} as {str(dtype).removeprefix('torch.')}, "
+                              f"more than the {_bytes(have)} of {device}")  # fmt: skip
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def from_checkpoint_names(tensors: dict[str, torch.Tensor], config: LLaDA2Config) -> dict[str, torch.Tensor]:
@@ -169,34 +250,47 @@ def load_model(
     path: str | Path | None = None,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> LLaDA2:
     """Build on the meta device, then assign the checkpoint's tensors (cast to `dtype` on `device`).
 
-    `config.mask_token_id` / `eos_token_id` are filled from the tokenizer when the config lacks them.
+    Every size is checked against the safetensors headers before anything is built or read, so a
+    config.json that disagrees with its weights fails at once. `cancelled()` is asked before each tensor
+    is read or moved; True stops the load there with LoadAbandoned. `config.mask_token_id` /
+    `eos_token_id` are filled from the tokenizer when the config lacks them.
     """
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     folder = resolve_path(path)
     config = load_config(folder)
+    files = weight_files(folder)
+    stored = stored_shapes(files)
+    check_counts(config, list(stored), folder)
     with torch.device("meta"), _no_init():
         model = LLaDA2(config)
-    expected = model.state_dict()
+    expected = {name: tuple(t.shape) for name, t in to_checkpoint_names(model.state_dict()).items()}
+    check_shapes(expected, stored, folder)
+    check_memory(expected, dtype, device, folder)
+
+    def stop_if_cancelled() -> None:
+        if cancelled is not None and cancelled():
+            raise LoadAbandoned(f"{folder}: loading abandoned")
+
     tensors: dict[str, torch.Tensor] = {}
-    for file in weight_files(folder):
+    for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for key in f.keys():
-                tensors[key] = f.get_tensor(key)
+                # Unexpected extra tensors (e.g. rotary caches some exporters write) are never read.
+                if key in expected:
+                    stop_if_cancelled()
+                    tensors[key] = f.get_tensor(key)
     state = from_checkpoint_names(tensors, config)
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        raise CheckpointError(f"{folder}: tensor {missing[0]} missing from the checkpoint ({len(missing)} missing)")
-    for name, want in expected.items():
-        if tuple(state[name].shape) != tuple(want.shape):
-            raise CheckpointError(
-                f"{folder}: tensor {name} has shape {tuple(state[name].shape)}, config.json implies {tuple(want.shape)}"
-            )
-    # Unexpected extra tensors (e.g. rotary caches some exporters write) are ignored, like extra config keys.
-    model.load_state_dict({k: state[k].to(device=device, dtype=tensor_dtype(k, dtype)) for k in expected}, assign=True)
+    del tensors
+    weights = {}
+    for name in model.state_dict():
+        stop_if_cancelled()
+        weights[name] = state.pop(name).to(device=device, dtype=tensor_dtype(name, dtype))
+    model.load_state_dict(weights, assign=True)
     model.eval().requires_grad_(False)
     fill_special_ids(model.config, folder)
     return model

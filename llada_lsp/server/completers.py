@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable
 
 from .. import wire
+from ..completion.codec import without_surrogates
 from ..completion.pipeline import CHARS_PER_TOKEN, Infill, InfillPlan, ModelSpec, Outcome, Rewrite, RewritePlan, window
 from ..errors import Refused
 from ..service.address import parse_address
@@ -152,9 +153,11 @@ class RemoteCompleter:
 def _message(request_id: int, key: str, job: Job, drafts: bool) -> wire.Infill | wire.Rewrite:
     """The window of the document that the service's pipeline needs, cut as the pipeline cuts it."""
     chars = job.context_tokens * CHARS_PER_TOKEN
+    # msgpack sends UTF-8, which has no lone surrogates: they go as U+FFFD, as the tokenizer would see them.
     if isinstance(job, Infill):
-        before, after = window(job.text, job.cursor, job.cursor, chars)
+        before, after = map(without_surrogates, window(job.text, job.cursor, job.cursor, chars))
         return wire.Infill(request_id, key, before, after, job.mode, job.max_tokens, job.context_tokens, drafts)
-    before, after = window(job.text, job.start, job.end, chars)
-    return wire.Rewrite(request_id, key, before, job.text[job.start : job.end], after, job.mode, job.context_tokens,
+    before, after = map(without_surrogates, window(job.text, job.start, job.end, chars))
+    selection = without_surrogates(job.text[job.start : job.end])
+    return wire.Rewrite(request_id, key, before, selection, after, job.mode, job.context_tokens,
                         job.instruction, job.python, drafts)  # fmt: skip

@@ -31,6 +31,8 @@ class ModelUnavailable(RuntimeError):
     """The model is not loaded (it failed to load, or the worker has stopped)."""
 
 
+# loader(spec, report(message, percent), cancelled()) -> the loaded model
+Loader = Callable[[ModelSpec, Callable[[str, int], None], Callable[[], bool]], Any]
 LOAD_KEY = "\0load"  # a newer load supersedes a queued one; no request key (a URI, "conn:key") is like it
 
 
@@ -88,10 +90,11 @@ class ModelWorker:
     """`load()` and `submit()` from the event loop; everything they queue runs on one thread, in order."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, log: Callable[[str], None], step_delay: float = 0.0,
-                 loader: Callable[[ModelSpec, Callable[[str, int], None]], Any] = load):  # fmt: skip
+                 loader: Loader = load):  # fmt: skip
         """`log(line)` runs on the loop after every job. `step_delay`: seconds slept after every
         denoising step, a test hook that makes a tiny model as slow as a big one
-        (LLADA_LSP_TEST_STEP_DELAY_MS); 0 in normal use. `loader(spec, report)` reads a model.
+        (LLADA_LSP_TEST_STEP_DELAY_MS); 0 in normal use. `loader(spec, report, cancelled)` reads a model,
+        stopping when `cancelled()` turns true.
         Jobs taken but not started (behind a load) are `held`; plans decoding are `live` by sequence id."""
         self.loop, self.log, self.step_delay, self.loader = loop, log, step_delay, loader
         self.model: LoadedModel | None = None
@@ -108,7 +111,9 @@ class ModelWorker:
         self.state, self.error, self.spec = "loading", None, spec
 
         def job(ticket: Ticket) -> LoadedModel:
-            return self.loader(spec, lambda msg, pct: call_on_loop(self.loop, report, msg, pct))
+            # The ticket's cancel flag reaches the loader: a superseded load, or one the thread is
+            # stopped in, ends at its next tensor instead of reading the rest.
+            return self.loader(spec, lambda msg, pct: call_on_loop(self.loop, report, msg, pct), ticket.is_set)
 
         return self._enqueue(Ticket(LOAD_KEY, f"load {spec.name}", job, None, self.loop, loads=True))
 
@@ -128,8 +133,9 @@ class ModelWorker:
             ticket.cancel()
 
     def stop(self, timeout: float = 10.0) -> bool:
-        """Cancels everything, ends the thread and waits for it (a load cannot be interrupted: after
-        `timeout` the daemon thread is left to die with the process); False if it did not end in time."""
+        """Cancels everything, ends the thread and waits for it (a load stops at its next tensor; a step
+        that hangs past `timeout` leaves the daemon thread to die with the process); False if it did not
+        end in time."""
         if self._thread.is_alive():
             self.cancel_all()
             self._queue.put(None)
@@ -264,7 +270,8 @@ class ModelWorker:
         seconds = time.perf_counter() - ticket.started
         if ticket.loads:
             failed = not ticket.future.cancelled() and ticket.future.exception()
-            line = f"{ticket.label}: {f'failed: {failed}' if failed else 'done'} in {seconds * 1000:.0f} ms"
+            outcome = "abandoned" if ticket.future.cancelled() else f"failed: {failed}" if failed else "done"
+            line = f"{ticket.label}: {outcome} in {seconds * 1000:.0f} ms"
         else:
             line = f"{ticket.label}: {ticket.steps} steps in {seconds * 1000:.1f} ms"
             if ticket.steps_at_cancel is not None:

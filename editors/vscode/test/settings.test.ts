@@ -71,6 +71,17 @@ test('the engine settings are declared, and restricted in untrusted workspaces',
     assert.ok(restricted.includes('llada.engine') && restricted.includes('llada.engineTokenFile'), restricted);
 });
 
+test('every setting that picks what runs, what it loads or what it connects to is restricted in untrusted workspaces', () => {
+    // A workspace's own settings must not send the user's documents to a server it names (server.tcp),
+    // nor run a command or load a model of its choosing.
+    const manifest = JSON.parse(readFileSync(join(__dirname, '..', '..', '..', 'package.json'), 'utf8'));
+    const restricted: string[] = manifest.capabilities.untrustedWorkspaces.restrictedConfigurations;
+    for (const key of ['llada.server.path', 'llada.server.args', 'llada.server.tcp', 'llada.model', 'llada.engine', 'llada.engineTokenFile']) {
+        assert.ok(restricted.includes(key), key);
+        assert.ok(key in manifest.contributes.configuration.properties, `${key} is a declared setting`);
+    }
+});
+
 test('an empty server path falls back to llada-lsp on PATH', () => {
     assert.equal(readSettings(mock.configuration({ 'server.path': '  ' })).server.path, 'llada-lsp');
 });
