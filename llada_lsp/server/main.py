@@ -21,7 +21,7 @@ from typing import Any, Callable
 import cattrs
 from lsprotocol import types
 from pygls.exceptions import FeatureRequestError, JsonRpcException, JsonRpcInvalidParams
-from pygls.io_ import StdoutWriter, run_async
+from pygls.io_ import StdoutWriter
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol, default_converter, lsp_method
 
@@ -36,13 +36,14 @@ from .completers import CompletionFailed, LocalCompleter, RemoteCompleter
 from .documents import Document, Documents
 from .positions import UTF8, UTF16
 from .settings import MODES, Settings, parse_settings, settings_section
+from .transport import serve_stream
 
 logger = logging.getLogger(__name__)
 
 DRAFT = "llada/draft"
 REWRITE, STATUS = "llada.rewriteSelection", "llada.status"
 REQUEST_FAILED = -32803  # LSP ErrorCodes.RequestFailed: the request was valid but could not be served
-INVALID_REQUEST, INVALID_PARAMS = -32600, -32602
+INVALID_REQUEST, INVALID_PARAMS, INTERNAL_ERROR = -32600, -32602, -32603
 _CONVERTER = default_converter()  # stateless: structures command arguments
 
 
@@ -70,11 +71,13 @@ class MalformedRequest:
 
 
 class LladaProtocol(LanguageServerProtocol):
-    """pygls' protocol with its gaps closed: malformed requests and requests after shutdown are
-    answered; documents are kept by `Documents` (edits through the one position conversion); UTF-8 is
+    """pygls' protocol with its gaps closed: malformed requests, requests before initialize and after
+    shutdown are answered; internal errors reach the client as one line (the traceback goes to the
+    log); documents are kept by `Documents` (edits through the one position conversion); UTF-8 is
     chosen when the client offers it; commands receive their whole ExecuteCommandParams."""
 
     _server: "LladaServer"
+    _initialize_seen = False
 
     def structure_message(self, data: dict[str, Any]):
         try:
@@ -89,6 +92,8 @@ class LladaProtocol(LanguageServerProtocol):
             return types.ResponseErrorMessage(id=data["id"], error=types.ResponseError(INVALID_PARAMS, reason))
 
     def handle_message(self, message):
+        if self._refused_before_initialize(message):
+            return
         if isinstance(message, MalformedRequest):
             text = f"invalid params for {message.method}: {message.reason}"
             self._server.log(text, types.MessageType.Error)
@@ -97,6 +102,31 @@ class LladaProtocol(LanguageServerProtocol):
             self._send_response(message.id, error=types.ResponseError(INVALID_REQUEST, "the server is shutting down"))
         else:
             super().handle_message(message)
+
+    def _refused_before_initialize(self, message) -> bool:
+        """The LSP: before `initialize`, a request answers ServerNotInitialized and a notification
+        other than `exit` is dropped."""
+        method = getattr(message, "method", None)
+        if method == types.INITIALIZE and not isinstance(message, MalformedRequest):
+            self._initialize_seen = True
+        if self._initialize_seen or method in (None, types.INITIALIZE, types.EXIT):
+            return False
+        if hasattr(message, "id"):
+            error = types.ResponseError(types.ErrorCodes.ServerNotInitialized, f"{method} before initialize")
+            self._send_response(message.id, error=error)
+        else:
+            logger.warning("%s before initialize: dropped", method)
+        return True
+
+    def _send_response(self, msg_id, result=None, error=None):
+        if error is not None and error.code == INTERNAL_ERROR and error.data is not None:
+            # pygls sends the exception's traceback (absolute paths, library internals) as `data`; it
+            # has logged it already. The client gets one line.
+            lines = error.message.strip().splitlines()  # format_exception_only: its last line is "Type: text"
+            kind = lines[-1].partition(":")[0].strip() if lines else ""
+            kind = kind if kind.replace(".", "").replace("_", "").isalnum() else "an exception"
+            error = types.ResponseError(INTERNAL_ERROR, f"llada: internal error ({kind}); the server's log says more")
+        super()._send_response(msg_id, result, error)
 
     def _send_handler_result(self, future, *, msg_id):
         """A request answered with an error the server chose (unknown command, no model, bad params)
@@ -115,6 +145,18 @@ class LladaProtocol(LanguageServerProtocol):
             params.capabilities.general.position_encodings = [UTF8]
         return (yield from super().lsp_initialize(params))
 
+    @lsp_method(types.SHUTDOWN)
+    def lsp_shutdown(self, *args):
+        """pygls' shutdown, cancelling the pending requests from a copy: a cancel can take a request
+        out of the dict while pygls walks it, and then shutdown failed and `exit` said 1."""
+        if (handler := self.fm.features.get(types.SHUTDOWN)) is not None:
+            yield handler, args, None
+        current = self.msg_id
+        for msg_id, future in list(self._request_futures.items()):
+            if msg_id != current and not future.done():
+                future.cancel()
+        self._shutdown = True
+
     @lsp_method(types.EXIT)
     def lsp_exit(self, *args):
         if not isinstance(self.writer, asyncio.StreamWriter):
@@ -127,7 +169,7 @@ class LladaProtocol(LanguageServerProtocol):
             sys.stderr.flush()
             os._exit(0 if self._shutdown else 1)
         # TCP: pygls would raise SystemExit inside asyncio's connection callback; closing the connection
-        # ends its read loop instead, and start_tcp returns.
+        # ends its read loop instead: the session ends, the listener goes on (tcp.py).
         if (handler := self.fm.features.get(types.EXIT)) is not None:
             yield handler, args, None
         self.writer.close()
@@ -153,22 +195,6 @@ class LladaProtocol(LanguageServerProtocol):
         if handler is None:
             raise JsonRpcInvalidParams(f"unknown command {params.command!r}")
         return (yield handler, (params,), None)
-
-
-class _PipeReader:
-    """pygls' reader interface over an asyncio stream; end of input reads as b"" (pygls then stops)."""
-
-    def __init__(self, stream: asyncio.StreamReader):
-        self.stream = stream
-
-    async def readline(self) -> bytes:
-        return await self.stream.readline()
-
-    async def readexactly(self, n: int) -> bytes:
-        try:
-            return await self.stream.readexactly(n)
-        except asyncio.IncompleteReadError as err:
-            return err.partial
 
 
 def _is_pipe(stream) -> bool:
@@ -205,10 +231,11 @@ class LladaServer(LanguageServer):
         self._tasks: set[asyncio.Task] = set()
 
     def start_io(self, stdin=None, stdout=None) -> None:
-        """stdio, read by the event loop itself (on uvloop where installed). pygls reads stdin on a
+        """stdio, read by the event loop itself (on uvloop where installed) and framed by
+        `transport.serve_stream` (limits, recovery from broken frames). pygls reads stdin on a
         thread pool, a hop to another thread and back for each header line and body; this takes
-        those hops off every keystroke's didChange and request. Anything that is not a pipe (a file,
-        a terminal) goes through pygls' reader."""
+        those hops off every keystroke's didChange and request. A stdin that is not a pipe, a socket
+        or a terminal (a file) goes through pygls' reader."""
         stdin, stdout = stdin or sys.stdin.buffer, stdout or sys.stdout.buffer
         if not _is_pipe(stdin):
             return super().start_io(stdin, stdout)
@@ -218,8 +245,7 @@ class LladaServer(LanguageServer):
         async def serve() -> None:
             stream = asyncio.StreamReader(limit=2**20)  # buffered before reading pauses: a big didOpen in few reads
             await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stream), stdin)
-            await run_async(stop_event=self._stop_event, reader=_PipeReader(stream), protocol=self.protocol,
-                            logger=logger, error_handler=self.report_server_error)  # fmt: skip
+            await serve_stream(stream, self.protocol, self._stop_event, self.report_server_error)
 
         try:
             run_loop(serve())
@@ -607,8 +633,8 @@ def exit_(ls: LladaServer, params: None) -> None:
         ls.completer.stop()
 
 
-def create_server(launch: Launch) -> LladaServer:
-    ls = LladaServer(launch)
+def create_server(launch: Launch, server: type[LladaServer] = LladaServer) -> LladaServer:
+    ls = server(launch)
     ls.feature(types.INITIALIZE)(initialize)
     ls.feature(types.INITIALIZED)(initialized)
     ls.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)(did_change_configuration)
@@ -631,7 +657,10 @@ def parser() -> argparse.ArgumentParser:
         "model, over stdio (what editors start) or TCP. Clients can override the model and modes with "
         "initializationOptions and workspace/didChangeConfiguration (see docs/protocol.md).",
     )
-    ap.add_argument("--tcp", metavar="HOST:PORT", help="serve one client over TCP instead of stdio")
+    ap.add_argument("--tcp", metavar="HOST:PORT", help="serve LSP over TCP instead of stdio, one client at a "
+                    "time, each sending the token of --token-file first (docs/protocol.md)")  # fmt: skip
+    ap.add_argument("--token-file", metavar="PATH", help="the token for TCP (a file only you can read, mode 0600): "
+                    "what clients of --tcp send first, and what is sent to an engine service on tcp://")  # fmt: skip
     add_model_arguments(ap)
     ap.add_argument("--inline-mode", choices=MODES, default="speed",
                     help="decoding preset of inline completions (default: speed)")  # fmt: skip
@@ -641,7 +670,6 @@ def parser() -> argparse.ArgumentParser:
                     help="where the model runs: an engine service (`llada-lsp engine`) at an address, `local` (in this "
                     "process), or `auto` (default): the service at the default socket if one answers, else local. "
                     "With a service, --model/--device/--dtype/--threads are the service's own")  # fmt: skip
-    ap.add_argument("--token-file", metavar="PATH", help="the token of an engine service on TCP (a file only you can read)")
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                     help="what the server logs on stderr (default: warning)")  # fmt: skip
     return ap
@@ -661,14 +689,29 @@ def serve_main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         parser().error(str(err))
     launch = Launch(defaults, args.device, args.dtype, max(1, args.threads), step_delay_from_env(), args.engine, token)
-    ls = create_server(launch)
     if args.tcp:
-        host, _, port = args.tcp.rpartition(":")
-        if not port.isdigit():
-            parser().error(f"--tcp wants HOST:PORT, got {args.tcp!r}")
-        ls.start_tcp(host or "127.0.0.1", int(port))
-    else:
-        ls.start_io()
-    if isinstance(ls.completer, LocalCompleter):
-        ls.completer.worker.stop()
-    return 0 if ls.shutdown_requested else 1
+        from . import tcp  # here: tcp builds on this module
+
+        try:
+            host, port = tcp.parse_listen(args.tcp)
+        except ValueError as err:
+            parser().error(str(err))
+        if token is None:
+            parser().error("--tcp needs --token-file: anyone who can reach the port could use the server")
+        return tcp.serve(host, port, launch, token)
+    ls = create_server(launch)
+    ls.start_io()
+    return _end(ls)
+
+
+def _end(ls: LladaServer) -> int:
+    """The exit code once the client has gone without `exit` (the end of stdin). The model thread is
+    told to stop, not waited for (a load cannot be interrupted, a step may be stuck); while it still
+    runs the process ends at once: an interpreter tearing down under a thread inside torch wrote
+    `I/O operation on closed file` tracebacks by the thousand."""
+    code = 0 if ls.shutdown_requested else 1
+    if isinstance(ls.completer, LocalCompleter) and not ls.completer.worker.stop(timeout=0):
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
