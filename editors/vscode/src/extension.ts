@@ -13,7 +13,7 @@ import { ACCEPTED_COMMAND, InlineCompletions } from './inline';
 import { EditReview } from './review';
 import { errorNotice, resultNotice, RewriteResult, showNotice } from './rewrite';
 import {
-    LladaSettings, parseTcpAddress, readSettings, RESTART_KEYS, SECTION, serverArgs, ServerSettings,
+    LladaSettings, parseTcpAddress, readSettings, RESTART_KEYS, SECTION, serverArgs, ServerSettings, tcpTokenLine,
     toggleInlineMode, toInitializationOptions,
 } from './settings';
 import { ServerStatus, StatusIndicator } from './status';
@@ -364,10 +364,14 @@ function serverOptions(server: ServerSettings): ServerOptions {
         return { command: server.path, args: serverArgs(server), transport: TransportKind.stdio };
     }
     return () => new Promise<StreamInfo>((resolve, reject) => {
-        // Parsed here so a malformed address fails the start, where the user is told about it.
+        // Read here so a malformed address or a missing token fails the start, where the user is told about it.
         const { host, port } = parseTcpAddress(server.tcp);
+        const token = tcpTokenLine(server);
         const socket = net.connect(port, host);
-        socket.once('connect', () => resolve({ reader: socket, writer: socket }));
+        socket.once('connect', () => {
+            socket.write(token); // the server reads the token line before any message
+            resolve({ reader: socket, writer: socket });
+        });
         socket.once('error', reject);
     });
 }

@@ -1,5 +1,6 @@
 /** The `llada.*` settings: how they are read, how they become the server's initializationOptions, and
  *  how the server is reached. Knows nothing about the language client. */
+import * as fs from 'fs';
 import * as os from 'os';
 import * as vscode from 'vscode';
 
@@ -12,7 +13,8 @@ export interface ServerSettings {
     tcp: string;
     /** `--engine`: auto, local, unix:PATH or tcp://HOST:PORT; empty leaves it to the server. */
     engine: string;
-    /** `--token-file` of an engine service on TCP; empty passes none. */
+    /** The token file for TCP: `--token-file` of a server started over stdio (for an engine service on
+     *  TCP), and the token sent first to a server at `tcp`; empty passes none. */
     tokenFile: string;
 }
 
@@ -83,17 +85,39 @@ export function toInitializationOptions(settings: LladaSettings): Initialization
 }
 
 /** The arguments of a server started over stdio: `llada.server.args`, then `--engine` and `--token-file`
- *  where those settings are set (after the user's arguments, so the dedicated settings win). No shell
- *  runs the command, so a leading `~` of the token file is expanded here. */
+ *  where those settings are set (after the user's arguments, so the dedicated settings win). */
 export function serverArgs(server: ServerSettings, home: string = os.homedir()): string[] {
     const args = [...server.args];
     if (server.engine !== '') {
         args.push('--engine', server.engine);
     }
     if (server.tokenFile !== '') {
-        args.push('--token-file', server.tokenFile.replace(/^~(?=$|[\\/])/, home));
+        args.push('--token-file', expandHome(server.tokenFile, home));
     }
     return args;
+}
+
+/** The first line a server on TCP reads before any message (docs/protocol.md, "Over TCP"): the token
+ *  of `llada.engineTokenFile`, a file that must be the user's alone, as the server's own is. Throws
+ *  with a message fit for the user. */
+export function tcpTokenLine(server: ServerSettings, home: string = os.homedir()): string {
+    if (server.tokenFile === '') {
+        throw new Error('llada.server.tcp needs llada.engineTokenFile: the token file the server was started with (--token-file)');
+    }
+    const file = expandHome(server.tokenFile, home);
+    if (process.platform !== 'win32' && (fs.statSync(file).mode & 0o077) !== 0) {
+        throw new Error(`the token file ${file} must be closed to others (chmod 600)`);
+    }
+    const token = fs.readFileSync(file, 'utf8').trim();
+    if (token === '' || /[\r\n]/.test(token)) {
+        throw new Error(`the token file ${file} must hold the token on one line`);
+    }
+    return `${token}\n`;
+}
+
+/** No shell runs the server or reads the token, so a leading `~` is expanded here. */
+function expandHome(file: string, home: string): string {
+    return file.replace(/^~(?=$|[\\/])/, home);
 }
 
 /** Parses "host:port" or "[v6-host]:port"; throws with a message fit for the user. */

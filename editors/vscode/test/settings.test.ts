@@ -1,10 +1,11 @@
 import './setup';
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { chmodSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeEach, test } from 'node:test';
 import {
-    parseTcpAddress, readSettings, RESTART_KEYS, serverArgs, toggleInlineMode, toInitializationOptions,
+    parseTcpAddress, readSettings, RESTART_KEYS, serverArgs, tcpTokenLine, toggleInlineMode, toInitializationOptions,
 } from '../src/settings';
 import * as mock from './vscode-mock';
 
@@ -91,6 +92,20 @@ test('tcp addresses parse as host:port, IPv6 in brackets', () => {
     assert.deepEqual(parseTcpAddress('[::1]:9000'), { host: '::1', port: 9000 });
     for (const bad of ['localhost', ':2087', 'host:0', 'host:70000', 'a b:1', 'host:port']) {
         assert.throws(() => parseTcpAddress(bad), /host:port/, bad);
+    }
+});
+
+test('a server on TCP is sent the token of llada.engineTokenFile first, from a file closed to others', () => {
+    const home = mkdtempSync(join(tmpdir(), 'llada-token-'));
+    const file = join(home, 'token');
+    writeFileSync(file, '  s3cret \n');
+    chmodSync(file, 0o600);
+    const server = readSettings(mock.configuration({ 'server.tcp': '127.0.0.1:2087', engineTokenFile: '~/token' })).server;
+    assert.equal(tcpTokenLine(server, home), 's3cret\n', 'one line, as the server reads it before any message');
+    assert.throws(() => tcpTokenLine({ ...server, tokenFile: '' }, home), /needs llada.engineTokenFile/);
+    if (process.platform !== 'win32') {
+        chmodSync(file, 0o644);
+        assert.throws(() => tcpTokenLine(server, home), /closed to others/);
     }
 });
 
