@@ -287,6 +287,29 @@ async def test_tcp_needs_the_token(short_dir):
             assert client.welcome.model == "nowhere"
 
 
+@pytest.mark.parametrize("kind", ["unix", "tcp"])
+async def test_connect_and_close_is_harmless_and_a_frame_before_the_token_is_not_read(short_dir, kind):
+    """Issue 14 on the service's socket: bare connect-and-close (and a cut-off frame) leave it serving;
+    over TCP nothing but a hello with the token is read before the token is checked."""
+    where = Address("unix", str(short_dir / "e.sock")) if kind == "unix" else Address("tcp", host="127.0.0.1", port=0)
+    async with in_process(where, token="s3cret" if kind == "tcp" else None) as (address, _):
+        for _ in range(3):
+            reader, writer = await raw(address)
+            writer.close()
+        reader, writer = await raw(address)
+        writer.write(b"\x00\x00\x01")  # a header cut short
+        writer.close()
+        if kind == "tcp":  # a request before the hello is refused, never served
+            reader, writer = await raw(address)
+            wire.write(writer, wire.Status())
+            words = await last_words(reader)
+            assert [w.kind for w in words if isinstance(w, wire.Failed)] == ["bad_request"]
+            assert not any(isinstance(w, wire.Status) for w in words)
+            writer.close()
+        async with await EngineClient.connect(address, "editor", "s3cret" if kind == "tcp" else None) as client:
+            assert (await client.status()).model == "nowhere"
+
+
 async def test_one_engine_per_socket_and_a_stale_socket_is_replaced(short_dir):
     path = short_dir / "e.sock"
     stale = socket.socket(socket.AF_UNIX)
