@@ -228,10 +228,13 @@ async def soak(args) -> int:
             if service.returncode is not None:
                 raise SystemExit(f"soak: the engine service did not start:\n{(folder / 'engine.log').read_text()}")
             await asyncio.sleep(0.05)
-        rss_service_start = rss_mib(service.pid)
         rng = random.Random(args.seed)
         clients = [Client(f"client{i}", address, random.Random(rng.random()), args) for i in range(args.clients)]
         await asyncio.gather(*(c.start() for c in clients))
+        first = clients[0]  # once this is answered the service has loaded its model: RSS like for like from here
+        await first.request("textDocument/inlineCompletion", {"textDocument": {"uri": first.uri},
+                            "position": first.position(len(first.text)), "context": {"triggerKind": 2}})  # fmt: skip
+        rss_service_start = rss_mib(service.pid)
         until = time.monotonic() + args.minutes * 60
         print(f"{args.clients} clients for {args.minutes:g} minutes against one engine service ...", flush=True)
         await asyncio.gather(*(c.run(until) for c in clients))
