@@ -48,6 +48,12 @@ def bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def plan(argv: list[str]) -> int:
+    from .commands.plan import plan_main
+
+    return plan_main(argv)
+
+
 def train(argv: list[str]) -> int:
     from .training.train import train_main
 
@@ -73,6 +79,7 @@ SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "rewrite": (rewrite, "rewrite FILE:L1:C1-L2:C2 through the server"),
     "generate": (generate, "decode a prompt with a checkpoint and print the completion"),
     "bench": (bench, "cached engine vs recompute-everything baseline on CPU"),
+    "plan": (plan, "memory per device for a checkpoint, and whether it fits (no weights read)"),
     "train": (train, "train the embedded model (CPU, resumable)"),
     "eval-infill": (eval_infill, "score infill on held-out standard-library files"),
     "eval-rewrite": (eval_rewrite, "rewrite held-out selections: parsed, applied, refused"),
