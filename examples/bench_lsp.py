@@ -259,11 +259,15 @@ async def run(start: str, keys: list[Keystroke], args) -> tuple[list[Front], Tim
     return fronts, ref, service
 
 
-def pct(values: list[float], q: float) -> str:
+def quantile(values: list[float], q: float) -> float | None:
+    """The q-quantile (nearest rank) of the values that are not NaN; None if there are none."""
     values = sorted(v for v in values if v == v)
-    if not values:
-        return "     -"
-    return f"{values[min(len(values) - 1, int(q * len(values)))] * 1000:6.1f}"
+    return values[min(len(values) - 1, int(q * len(values)))] if values else None
+
+
+def pct(values: list[float], q: float) -> str:
+    value = quantile(values, q)
+    return "     -" if value is None else f"{value * 1000:6.1f}"
 
 
 def mib(value: float) -> str:

@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_lsp import RECORDING, Keystroke, replay, terminate  # noqa: E402  (the examples folder)
+from bench_lsp import RECORDING, Keystroke, quantile, replay, terminate  # noqa: E402  (the examples folder)
 
 from llada_lsp import wire  # noqa: E402
 from llada_lsp.completion.pipeline import CHARS_PER_TOKEN, CONTEXT_TOKENS, MAX_TOKENS, window  # noqa: E402
@@ -103,8 +103,7 @@ class Row:
         return self.tokens / self.seconds if self.tokens and self.seconds else None  # 0: a service without tokens
 
     def p(self, q: float) -> float | None:
-        values = sorted(self.latencies)
-        return values[min(len(values) - 1, int(q * len(values)))] if values else None
+        return quantile(self.latencies, q)
 
 
 class Service:

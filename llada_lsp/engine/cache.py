@@ -13,6 +13,7 @@ forward reads and writes). Knows nothing of decoding or of requests.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from dataclasses import dataclass, field
 
@@ -161,18 +162,18 @@ class BlockCache:
     def evict(self, n: int) -> int:
         """Frees up to `n` pages of cached blocks that no sequence uses, least recently used leaves
         first (a block's children go before it: they are unreachable without it); how many it freed."""
-        leaves = [node for node in self._nodes() if not node.children and node.refs == 0]
+        leaves = [(node.used, node.page, node) for node in self._nodes() if not node.children and node.refs == 0]
+        heapq.heapify(leaves)  # least recently used first (a page number breaks ties: no two nodes share one)
         freed = 0
         while freed < n and leaves:
-            leaves.sort(key=lambda node: node.used, reverse=True)
-            node = leaves.pop()
+            _, _, node = heapq.heappop(leaves)
             parent = node.parent
             del parent.children[node.key]
             self._free.append(node.page)
             self._cached -= 1
             freed += 1
             if parent is not self.root and not parent.children and parent.refs == 0:
-                leaves.append(parent)
+                heapq.heappush(leaves, (parent.used, parent.page, parent))
         self.stats.evictions += freed
         return freed
 

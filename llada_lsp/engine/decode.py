@@ -19,7 +19,7 @@ from .sequence import BlockStats, CancelFlag, Draft, GenerationResult, Settings
 
 __all__ = ["BlockStats", "CancelFlag", "Draft", "Engine", "Generation", "GenerationResult", "generate"]
 
-DEFAULT_CACHE_MB = {"cpu": 256}  # elsewhere: a quarter of the device's free memory when the engine starts
+CPU_CACHE_MB = 256  # on CUDA: a quarter of the device's free memory when the engine starts
 
 
 class Generation:
@@ -43,7 +43,7 @@ class Engine:
     one sequence (the scheduler must be otherwise idle); the service drives `scheduler` itself to
     batch many. A prompt that starts with whole blocks cached by an earlier one reuses their K/V.
     `use_cache=False` recomputes the whole prefix every step: the reference algorithm, the baseline.
-    `cache_mb`: the pool's size (None: DEFAULT_CACHE_MB); `prefix_cache=False` never reuses a block."""
+    `cache_mb`: the pool's size (None: default_cache_mb); `prefix_cache=False` never reuses a block."""
 
     def __init__(self, model: LLaDA2, block_size: int = 32, use_cache: bool = True, cache_mb: float | None = None,
                  prefix_cache: bool = True, max_batch: int = 8, max_queue: int = 64):  # fmt: skip
@@ -130,16 +130,14 @@ class Engine:
         finally:  # the consumer stopped iterating early: the sequence leaves, its pages go back
             if gen.result is None:
                 scheduler.abort(seq_id)
-                while not scheduler.idle():
-                    scheduler.step()
+                scheduler.drain()
 
 
 def default_cache_mb(device: torch.device) -> float:
     device = torch.device(device)
-    if device.type in DEFAULT_CACHE_MB:
-        return DEFAULT_CACHE_MB[device.type]
-    free, _ = torch.cuda.mem_get_info(device) if device.type == "cuda" else (2**30, None)
-    return free / 4 / 2**20
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] / 4 / 2**20
+    return CPU_CACHE_MB
 
 
 def generate(

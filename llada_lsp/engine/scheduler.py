@@ -10,6 +10,7 @@ admitted by priority (inline completions before rewrites), then in arrival order
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from dataclasses import dataclass
 
@@ -80,8 +81,7 @@ class Scheduler:
             raise TooLong(f"a sequence of {seq.n_blocks} blocks of {self.block_size} tokens does not fit the K/V "
                           f"memory ({self.cache.pages - 1} blocks); start the engine with a larger --cache-mb")
         entry = _Entry(next(self._ids), seq, next(self._order), [], [], set())
-        self.waiting.append(entry)
-        self.waiting.sort(key=lambda e: (e.seq.settings.priority, e.order))
+        bisect.insort(self.waiting, entry, key=lambda e: (e.seq.settings.priority, e.order))
         return entry.id
 
     def abort(self, seq_id: int) -> None:
@@ -93,6 +93,13 @@ class Scheduler:
     def idle(self) -> bool:
         return not self.running and not self.waiting
 
+    def drain(self) -> list[Event]:
+        """Steps until idle (after aborts: no forward runs, every sequence just ends); the events."""
+        events: list[Event] = []
+        while not self.idle():
+            events += self.step()
+        return events
+
     @property
     def queued(self) -> int:
         return len(self.waiting)
@@ -103,9 +110,7 @@ class Scheduler:
         sequence that finished (ran to the end, stopped early, or was cancelled)."""
         events: list[Event] = []
         self._admit(events)
-        rows: list[_Entry] = []
-        for entry in self.running:
-            (rows if entry.seq.ready() else []).append(entry)
+        rows = [entry for entry in self.running if entry.seq.ready()]  # the others have just finished
         self._leave(events)
         if not rows:
             return events
@@ -143,9 +148,7 @@ class Scheduler:
             raise
         entry.nodes, entry.pages, entry.private = nodes, [n.page for n in nodes] + private, set(private)
         entry.path, entry.keyed = (nodes[-1] if nodes else None), len(nodes)
-        reused = len(nodes) * bs
-        seq.valid = reused if self.use_cache else 0
-        seq.result.reused_tokens = reused
+        seq.valid = seq.result.reused_tokens = reused = len(nodes) * bs  # nothing is matched without the cache
         if not self.use_cache or len(nodes) == seq.first:
             return
         lo, hi = reused, seq.first * bs

@@ -204,11 +204,10 @@ class ModelWorker:
         except Exception as err:  # the forward failed: every sequence in it is answered, the thread goes on
             logger.exception("a batched step failed")
             scheduler = self.model.engine.scheduler
-            for seq_id, (ticket, _) in list(self.live.items()):
+            for seq_id, (ticket, _) in self.live.items():
                 scheduler.abort(seq_id)
                 ticket.resolve(error=err)
-            while not scheduler.idle():
-                scheduler.step()
+            scheduler.drain()
             self.live.clear()
             return
         for event in events:
