@@ -13,7 +13,9 @@ from llada_lsp.completion.layouts import SpecialIds
 from llada_lsp.completion.pipeline import window
 from llada_lsp.completion.prompt import SelectionTooLong, TextCodec, heal, infill_prompt, rewrite_prompt
 
-SOURCE = (Path(__file__).resolve().parents[1] / "llada_lsp" / "engine" / "decode.py").read_text()
+# A long Python file, frozen (a copy of engine/decode.py once): the tests below cut prompts at fixed
+# spots of it, so the file they read must not change when the engine's source does.
+SOURCE = (Path(__file__).resolve().parent / "data" / "long_source.py.txt").read_text()
 
 
 @pytest.fixture(scope="module")
