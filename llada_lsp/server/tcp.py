@@ -152,6 +152,7 @@ class TcpListener:
             return True
         logger.warning("TCP connection from %s closed: no token, or a wrong one", peer)
         _show_message(writer, NO_TOKEN)
+        await _linger(reader, writer)
         return False
 
     async def _claim(self) -> bool:
@@ -179,6 +180,25 @@ class TcpListener:
             if ls.completer is not None:
                 ls.completer.stop()  # its model thread ends; a reconnecting editor gets a new session
             ls.shutdown()
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Sends what was written and half-closes, then discards (never parses) what the peer still sends
+    until it closes, for TOKEN_SECONDS and LIMIT bytes at most: a socket closed with unread bytes is
+    reset, and a reset can destroy the refusal still in flight to the peer."""
+    loop = asyncio.get_running_loop()
+    deadline, discarded = loop.time() + TOKEN_SECONDS, 0
+    try:
+        await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+        while discarded < LIMIT:
+            chunk = await asyncio.wait_for(reader.read(65536), max(0.0, deadline - loop.time()))
+            if not chunk:
+                return
+            discarded += len(chunk)
+    except (asyncio.TimeoutError, ConnectionError):
+        pass
 
 
 async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, text: str) -> None:
