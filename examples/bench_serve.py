@@ -16,16 +16,20 @@ to run alone, which measures the tail rather than the load. Rows: each editor co
 then the prefix cache, paired: two services at once, one with `--no-prefix-cache`, and one editor
 whose keystrokes go to both, taking turns (which goes first alternates), so both see the same
 keystrokes on the same machine at the same time (the rows above differ by more than the cache's
-saving from run to run on a shared machine).
+saving from run to run on a shared machine). After each batched row of N > 1 editors, "alone": a
+fresh service and ONE editor typing exactly the keystrokes that row answered (editor after editor,
+each in its own order), so the row's tokens/s and p50 are also compared with one editor doing the
+same work (the 1-editor row types only the first `--limit` keystrokes: other prompts, other
+completion lengths, a different p50).
 
 Printed per row: completions answered (and failed), aggregate completions/s and generated tokens/s
 (the sum of `done.tokens` over the row's wall time), p50/p95 time to answer (request sent -> done
 received, in this process), mean and largest batch per denoising step and the prefix-cache hit rate
 (from the service's final status; "-" where the service does not report them), and the service's
-RSS at the end. Then the ratios: tokens/s and p50 at 4 and 8 editors against 1, and the 1-editor p50
-with the prefix cache on against off.
+RSS at the end. Then the ratios: tokens/s and p50 at 4 and 8 editors against the 1-editor row and
+against the same keystrokes typed alone, and the 1-editor p50 with the prefix cache on against off.
 
-    python examples/bench_serve.py [--editors 1,2,4,8] [--rows batched,unbatched,no-cache] [--limit K]
+    python examples/bench_serve.py [--editors 1,2,4,8] [--rows batched,unbatched,alone,paired-cache] [--limit K]
                                    [--max-batch 8] [--engine-arg=ARG ...] [--threads 2] [--mode speed|quality]
                                    [--max-tokens 64] [--context-tokens N] [--model PATH] [--json PATH]
 
@@ -62,7 +66,7 @@ from llada_lsp.service.client import EngineClient, EngineFailure  # noqa: E402
 
 READY_TIMEOUT = 300.0  # seconds for a service to load its model
 ANSWER_TIMEOUT = 300.0  # seconds one request may take before the service is taken for hung
-ROW_KINDS = ("batched", "unbatched", "paired-cache")
+ROW_KINDS = ("batched", "unbatched", "alone", "paired-cache")
 
 
 class ServiceFailed(RuntimeError):
@@ -93,6 +97,8 @@ class Row:
     cache_hit_rate: float | None = None
     rss_mib: float = float("nan")
     paired: bool = False  # one of the two rows of the paired prefix-cache comparison
+    typed: list[list[int]] = field(default_factory=list)  # per editor, the keystrokes answered (indices), in order
+    alone_of: int | None = None  # a replay by one editor of the keystrokes of the row of this many editors
 
     @property
     def completions_per_s(self) -> float:
@@ -167,11 +173,13 @@ def request(client: EngineClient, text: str, cursor: int, args, max_tokens: int 
     return wire.Infill(client.next_id(), "bench", before, after, args.mode, tokens, args.context_tokens)
 
 
-async def editor(service: Service, client: EngineClient, keys: list[Keystroke], offset: int, args, row: Row) -> None:
-    """One editor on its own connection: `args.limit` keystrokes from `offset` on, one answer at a time."""
-    name = f"the editor that started at keystroke {offset}"
-    for j in range(args.limit):
-        key = keys[(offset + j) % len(keys)]
+async def editor(service: Service, client: EngineClient, keys: list[Keystroke], order: list[int], args, row: Row) -> None:
+    """One editor on its own connection: the keystrokes `order` names, one answer at a time."""
+    name = f"the editor that started at keystroke {order[0]}"
+    typed: list[int] = []
+    row.typed.append(typed)
+    for index in order:
+        key = keys[index]
         message = request(client, key.text_after, key.cursor, args)
         sent = time.perf_counter()
         try:
@@ -186,12 +194,15 @@ async def editor(service: Service, client: EngineClient, keys: list[Keystroke], 
         row.latencies.append(time.perf_counter() - sent)
         row.answered += 1
         row.tokens += getattr(done, "tokens", 0)  # an older wire module has no tokens
+        typed.append(index)
         print(f"\r  {row.answered + sum(row.failed.values())} answered", end="", file=sys.stderr, flush=True)
 
 
-async def run_row(spec: RowSpec, keys: list[Keystroke], args) -> Row:
+async def run_row(spec: RowSpec, keys: list[Keystroke], args, alone: Row | None = None) -> Row:
+    """N editors at once; or (`alone`: a row already run) one editor typing that row's answered
+    keystrokes, editor after editor, each in its own order: the same work, one request at a time."""
     flags = [*spec.flags, *args.extra]
-    row = Row(spec.editors, spec.batching, spec.prefix_cache, flags)
+    row = Row(spec.editors, spec.batching, spec.prefix_cache, flags, alone_of=alone and alone.editors)
     service = Service(args, flags)
     try:
         monitor = await service.ready()
@@ -206,9 +217,14 @@ async def run_row(spec: RowSpec, keys: list[Keystroke], args) -> Row:
             try:
                 for i in range(spec.editors):  # all connected before the clock starts
                     clients.append(await EngineClient.connect(service.address, f"bench_serve editor {i}", timeout=30))
-                n, started = spec.editors, time.perf_counter()
-                tasks = [asyncio.ensure_future(editor(service, client, keys, i * len(keys) // n, args, row))
-                         for i, client in enumerate(clients)]  # fmt: skip
+                n = spec.editors
+                if alone is None:  # editor i starts at keystroke i * len(keys) // n and wraps around
+                    orders = [[(i * len(keys) // n + j) % len(keys) for j in range(args.limit)] for i in range(n)]
+                else:
+                    orders = [[k for typed in alone.typed for k in typed]]
+                started = time.perf_counter()
+                tasks = [asyncio.ensure_future(editor(service, client, keys, order, args, row))
+                         for client, order in zip(clients, orders)]  # fmt: skip
                 try:  # the row ends when the first editor has typed its keystrokes: every editor was busy until then
                     finished, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                     row.seconds = time.perf_counter() - started
@@ -316,11 +332,14 @@ def print_table(rows: list[Row]) -> None:
     print("\n" + head)
     for r in rows:
         p50, p95 = r.p(0.5), r.p(0.95)
-        print(f"{r.editors:7} {r.batching:>7} {r.prefix_cache + '*' * r.paired:>7} {r.answered:8} {sum(r.failed.values()):6} "
+        editors = f"1<-{r.alone_of}" if r.alone_of else str(r.editors)
+        print(f"{editors:>7} {r.batching:>7} {r.prefix_cache + '*' * r.paired:>7} {r.answered:8} {sum(r.failed.values()):6} "
               f"{cell(r.completions_per_s, '.2f', 8)} {cell(r.tokens_per_s, '.1f', 8)} "
               f"{cell(p50 and p50 * 1000, '.1f', 8)} {cell(p95 and p95 * 1000, '.1f', 8)} "
               f"{cell(r.batch_mean, '.2f', 6)} {cell(r.batch_max, 'd', 4)} {percent(r.cache_hit_rate):>6} "
               f"{cell(r.rss_mib, '.0f', 8)}")  # fmt: skip
+    if any(r.alone_of for r in rows):
+        print("1<-N: one editor alone typing the keystrokes the row of N editors answered (the same work)")
     if any(r.paired for r in rows):
         print("*: the paired rows (keystrokes sent to both services in turn; their rates share one wall clock)")
     if any(r.failed for r in rows):  # by kind ("busy": over the engine's --max-queue)
@@ -335,14 +354,20 @@ def ratio(a: float | None, b: float | None) -> str:
 def print_ratios(rows: list[Row]) -> None:
     print()
     for batching in ("on", "off", "default"):
-        same = {r.editors: r for r in rows if r.batching == batching and not r.paired}
+        same = {r.editors: r for r in rows if r.batching == batching and not r.paired and not r.alone_of}
+        alone = {r.alone_of: r for r in rows if r.batching == batching and r.alone_of}
         one = same.get(1)
-        if one is None or not any(n in same for n in (4, 8)):
-            continue
-        tok = ", ".join(f"{n} editors {ratio(same[n].tokens_per_s, one.tokens_per_s)}" for n in (4, 8) if n in same)
-        p50 = ", ".join(f"{n} editors {ratio(same[n].p(0.5), one.p(0.5))}" for n in (4, 8) if n in same)
-        print(f"batching {batching}: aggregate tokens/s against 1 editor: {tok}")
-        print(f"batching {batching}: p50 time to answer against 1 editor: {p50}")
+        if one is not None and any(n in same for n in (4, 8)):
+            tok = ", ".join(f"{n} editors {ratio(same[n].tokens_per_s, one.tokens_per_s)}" for n in (4, 8) if n in same)
+            p50 = ", ".join(f"{n} editors {ratio(same[n].p(0.5), one.p(0.5))}" for n in (4, 8) if n in same)
+            print(f"batching {batching}: aggregate tokens/s against the 1-editor row: {tok}")
+            print(f"batching {batching}: p50 time to answer against the 1-editor row: {p50}")
+        if any(n in alone for n in (4, 8)):
+            ns = [n for n in (2, 4, 8) if n in alone and n in same]
+            tok = ", ".join(f"{n} editors {ratio(same[n].tokens_per_s, alone[n].tokens_per_s)}" for n in ns)
+            p50 = ", ".join(f"{n} editors {ratio(same[n].p(0.5), alone[n].p(0.5))}" for n in ns)
+            print(f"batching {batching}: aggregate tokens/s against 1 editor typing the same keystrokes alone: {tok}")
+            print(f"batching {batching}: p50 time to answer against 1 editor typing the same keystrokes alone: {p50}")
     pair = [r for r in rows if r.paired]
     if len(pair) == 2:
         on, off = pair
@@ -375,6 +400,9 @@ async def run_all(specs: list[RowSpec], keys: list[Keystroke], args) -> list[Row
         print(f"{spec.editors} editor(s), batching {spec.batching}, prefix cache {spec.prefix_cache}: "
               f"{shlex.join([*spec.flags, *args.extra]) or 'no engine flags'}", file=sys.stderr)  # fmt: skip
         rows.append(await run_row(spec, keys, args))
+        if "alone" in args.rows and spec.editors > 1 and spec.batching != "off":
+            print(f"  the same {rows[-1].answered} keystrokes typed by 1 editor alone", file=sys.stderr)
+            rows.append(await run_row(replace(spec, editors=1), keys, args, alone=rows[-1]))
     if "paired-cache" in args.rows and not args.plain:
         print(f"the prefix cache, paired: 1 editor, {args.paired_limit} keystrokes to two services in turn", file=sys.stderr)
         rows += [replace(row, paired=True) for row in await run_paired_cache(keys, args)]
@@ -386,8 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--editors", type=editor_counts, default=[1, 2, 4, 8], metavar="N,N,...",
                     help="how many editors type at once, one row (or two) each (default 1,2,4,8)")  # fmt: skip
     ap.add_argument("--rows", type=row_kinds, default=list(ROW_KINDS), metavar="KIND,...",
-                    help="which rows: batched (--max-batch N), unbatched (--max-batch 1) per editor count, and "
-                    "paired-cache (1 editor, prefix cache on and off, paired); default: all three")  # fmt: skip
+                    help="which rows: batched (--max-batch N), unbatched (--max-batch 1) per editor count; alone "
+                    "(after each batched row of 2+ editors, one editor typing the keystrokes that row answered); "
+                    "paired-cache (1 editor, prefix cache on and off, paired); default: all four")  # fmt: skip
     ap.add_argument("--limit", type=int, default=30,
                     help="keystrokes per editor (default 30: all rows in about 10 minutes on 2 cores)")  # fmt: skip
     ap.add_argument("--paired-limit", type=int, default=100,

@@ -38,7 +38,7 @@ def joint_threshold(tokens, logits, frozen, mask_ids, thresholds, editing) -> "S
     fallback = torch.zeros_like(masked).scatter_(1, best, True)
     filled = torch.where(filled.any(-1, keepdim=True), filled, fallback & masked)
     edited = ~masked & ~frozen & (argmax != tokens) & (conf > edit_above)
-    return StepUpdate(torch.where(filled | edited, argmax, tokens), filled, edited)
+    return StepUpdate(torch.where(filled | edited, argmax, tokens), filled, edited, conf)
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class StepUpdate:
     tokens: torch.Tensor  # [N] (or [B, N]) block tokens after the step
     filled: torch.Tensor  # bool: mask -> token (M2T)
     edited: torch.Tensor  # bool: token -> token (T2T)
+    confidence: torch.Tensor | None = None  # the greedy token's probability; NaN where the logits were NaN or +inf
 
 
 @dataclass(frozen=True)

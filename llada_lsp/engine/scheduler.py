@@ -191,7 +191,6 @@ class Scheduler:
         )
         view = self.cache.view([(e.pages, start, hi) for e, (start, hi) in zip(rows, spans)], width)
         logits = self.model(ids, kv=view, last_n=bs)  # [B, bs, V]
-        finite = torch.isfinite(logits).flatten(1).all(1, keepdim=True).long()  # before any -inf of ours
         for r, entry in enumerate(rows):
             at = entry.seq.allowed_row
             if at is not None:
@@ -203,6 +202,7 @@ class Scheduler:
             torch.tensor([s.settings.mask_id for s in seqs], device=device),
             [s.settings.policy.threshold for s in seqs], [s.settings.policy.editing_threshold for s in seqs],
         )  # fmt: skip
+        finite = update.confidence.isfinite().all(1, keepdim=True).long()  # a NaN or +inf logit makes its softmax NaN
         packed = torch.cat([update.tokens, update.filled.long(), update.edited.long(), finite], dim=1).tolist()  # one sync
         for entry, (start, _), row in zip(rows, spans, packed):
             if not row[3 * bs]:
