@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# Trains the embedded model on one CUDA GPU, as the shipped checkpoint was trained (see the README,
-# "The embedded model"): bf16 autocast, 128 x 512-token sequences per step, samples built by 8 worker
-# processes, a cosine schedule fitted to the time budget. Resumes when OUT already holds a state.pt.
+# The embedded model's v2 run on one CUDA GPU: train a candidate within a time budget (bf16 autocast,
+# 128 x 512-token sequences per step, 8 sample-building workers, the confidence-aware loss), then score
+# it beside the shipped model on held-out standard-library and third-party files in parallel processes,
+# and print one summary ending in "v2 ships: yes|no" (the rule: llada_lsp/training/candidate.py).
+# Resumes: a run folder that holds state.pt continues up to the same total budget.
 #
-# Usage: examples/train_gpu.sh OUT [MINUTES] [CORPUS] [TRAIN FLAGS...]
-#   OUT      run folder; the shippable model is written to OUT/export
-#   MINUTES  training time budget (default 7)
-#   CORPUS   a corpus file from `python -m llada_lsp.training.corpus train FILE`, to train on another
-#            machine's Python exactly the files of the interpreter that wrote it ('' or absent: this one's)
-#   FLAGS    passed on to `llada-lsp train`, e.g. a fine-tune of the shipped model:
-#            examples/train_gpu.sh runs/ft 10 '' --init-from llada_lsp/data/tiny --lr 1e-3 --self-fill 0.5
+# The GPU machine has no network, so build the corpus beforehand where pip reaches PyPI:
+#   python -m llada_lsp.training.corpus            # -> .corpus/{train,heldout,heldout-thirdparty}.jsonl.gz
+# and bring .corpus/*.jsonl.gz along (about 11 MB).
+#
+# Usage: examples/train_gpu.sh OUT [MINUTES] [FLAGS...]
+#   OUT      run folder; the candidate is written to OUT/export, the summary to OUT/summary.{md,json}
+#   MINUTES  training budget (default 7)
+#   FLAGS    for python -m llada_lsp.training.candidate, and from there for `llada-lsp train`, e.g.
+#            --phase train (only train), --phase eval (only score), --recipe scratch (a 12.3M network
+#            from random weights instead of continuing the shipped one), --jobs 8, --n 300
 set -euo pipefail
-out=${1:?usage: examples/train_gpu.sh OUT [MINUTES] [CORPUS] [TRAIN FLAGS...]}
+out=${1:?usage: examples/train_gpu.sh OUT [MINUTES] [FLAGS...]}
 minutes=${2:-7}
-corpus=${3:-}
-shift $(($# < 3 ? $# : 3))
-mkdir -p "$out"
-# The shipped BPE vocabulary (trained on the same split), so checkpoints stay interchangeable.
-[ -f "$out/tokenizer.json" ] || cp llada_lsp/data/tiny/tokenizer.json llada_lsp/data/tiny/tokenizer_config.json "$out/"
-exec python3 -m llada_lsp.training.train --out "$out" --device cuda --save-every 500 \
-    --hours "$(python3 -c "print($minutes / 60)")" --export "$out/export" ${corpus:+--corpus "$corpus"} "$@"
+shift $(($# < 2 ? $# : 2))
+exec python3 -m llada_lsp.training.candidate --out "$out" --minutes "$minutes" --corpus "${CORPUS:-.corpus}" \
+    --device cuda --eval-device cuda --jobs "${JOBS:-12}" "$@"

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from ..engine import PRESETS
 from ..completion import pipeline as jobs
-from .corpus import iter_files
+from .corpus import SourceFile, iter_files, load
 from .objective import cut_hole
 
 TASK_KINDS = ("rest_of_line", "whole_line", "block_body")
@@ -40,18 +40,22 @@ class Task:
     suffix: str
 
 
-def make_tasks(n_per_kind: int, seed: int = 1234) -> list[Task]:
-    """Deterministic tasks from held-out files that parse (so syntax validity is meaningful)."""
+def make_tasks(n_per_kind: int, seed: int = 1234, source: list[SourceFile] | None = None,
+               kinds: tuple[str, ...] = TASK_KINDS) -> list[Task]:  # fmt: skip
+    """Deterministic tasks from held-out files that parse (so syntax validity is meaningful): this
+    interpreter's held-out standard library, or `source` (a held-out corpus file's contents)."""
     rng = random.Random(seed)
     files = []
-    for f in iter_files("heldout"):
+    for f in iter_files("heldout") if source is None else source:
         try:
             ast.parse(f.text)
         except (SyntaxError, ValueError):
             continue
         files.append(f)
     tasks = []
-    for kind in TASK_KINDS:
+    if not files:
+        raise ValueError("no held-out file parses: no task to cut")
+    for kind in kinds:
         attempts = 0
         while sum(t.kind == kind for t in tasks) < n_per_kind and attempts < 50 * n_per_kind:
             attempts += 1
@@ -109,9 +113,26 @@ def paired(tasks, a: list[str], b: list[str]) -> tuple[int, int, float]:
     right_b = [first_line(c) == first_line(t.middle) for t, c in zip(tasks, b)]
     only_a = sum(x and not y for x, y in zip(right_a, right_b))
     only_b = sum(y and not x for x, y in zip(right_a, right_b))
+    return only_a, only_b, sign_test(only_a, only_b)
+
+
+def sign_test(only_a: int, only_b: int) -> float:
+    """Two-sided sign-test p-value of a split of the discordant tasks (ties are left out)."""
     n = only_a + only_b
-    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(min(only_a, only_b) + 1)) / 2**n)
-    return only_a, only_b, p
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(min(only_a, only_b) + 1)) / 2**n)
+
+
+def answer(model, tasks: list[Task], mode: str) -> tuple[list[str], dict]:
+    """Every task answered exactly as the server answers an editor at that cursor (its prompt, decoding
+    and post-processing) in `mode`, cut to the task's unit; and the scores, tokens per forward included."""
+    completions, tokens, steps, seconds = [], 0, 0, 0.0
+    for t in tqdm(tasks, desc=f"{mode} {tasks[0].kind if tasks else ''}", leave=False, mininterval=2):
+        job = jobs.Infill(t.prefix + t.suffix, len(t.prefix), mode, jobs.MAX_TOKENS, jobs.CONTEXT_TOKENS)
+        out = jobs.run_infill(model, job, threading.Event(), lambda *_: None)
+        completions.append(cut_to_unit(t.kind, out.text))
+        tokens += len(model.codec.encode(out.text))
+        steps, seconds = steps + out.steps, seconds + out.seconds
+    return completions, score(tasks, completions, tokens / max(steps, 1), tokens / max(seconds, 1e-9))
 
 
 def eval_infill_main(argv: list[str] | None = None) -> int:
@@ -122,6 +143,10 @@ def eval_infill_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default=",".join(TASK_KINDS), help="task kinds to score, comma-separated (default: %(default)s)")
     ap.add_argument("--seed", type=int, default=1234, help="which tasks are cut (default: 1234)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--tasks-from", default=None, help="cut the tasks from this held-out corpus file (.jsonl.gz "
+                    "from `python -m llada_lsp.training.corpus`; default: this interpreter's held-out stdlib)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+    ap.add_argument("--dtype", default="float32", help="default: %(default)s")
     ap.add_argument("--json", action="store_true", help="also print the scores as one JSON line")
     args = ap.parse_args(argv)
     kinds, modes = [k for k in args.kinds.split(",") if k], [m for m in args.modes.split(",") if m]
@@ -131,11 +156,11 @@ def eval_infill_main(argv: list[str] | None = None) -> int:
         ap.error(f"--modes {args.modes!r}: choose from {', '.join(PRESETS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = jobs.load(jobs.ModelSpec(args.model, device="cpu", dtype="float32"), lambda *_: None)
+    model = jobs.load(jobs.ModelSpec(args.model, device=args.device, dtype=args.dtype), lambda *_: None)
     if not model.codec.special.has_fim:
         print("llada-lsp eval-infill: the model's tokenizer has no FIM tokens", file=sys.stderr)
         return 2
-    tasks = make_tasks(args.n, args.seed)
+    tasks = make_tasks(args.n, args.seed, load(args.tasks_from) if args.tasks_from else None)
     by_kind = {kind: [t for t in tasks if t.kind == kind] for kind in kinds}
     results: dict[str, dict[str, dict]] = {}
     answers: dict[str, dict[str, list[str]]] = {}
@@ -144,19 +169,11 @@ def eval_infill_main(argv: list[str] | None = None) -> int:
     for mode in modes:
         started = time.time()
         for kind, ts in by_kind.items():
-            completions, tokens, steps, seconds = [], 0, 0, 0.0
-            for t in tqdm(ts, desc=f"{mode} {kind}", leave=False, mininterval=2):
-                # Exactly what the server answers at this cursor: its prompt, decoding and post-processing.
-                job = jobs.Infill(t.prefix + t.suffix, len(t.prefix), mode, jobs.MAX_TOKENS, jobs.CONTEXT_TOKENS)
-                out = jobs.run_infill(model, job, threading.Event(), lambda *_: None)
-                completions.append(cut_to_unit(kind, out.text))
-                tokens += len(model.codec.encode(out.text))
-                steps, seconds = steps + out.steps, seconds + out.seconds
-            results.setdefault(mode, {})[kind] = score(ts, completions, tokens / max(steps, 1), tokens / max(seconds, 1e-9))
-            answers.setdefault(mode, {})[kind] = completions
+            answers.setdefault(mode, {})[kind], results.setdefault(mode, {})[kind] = answer(model, ts, mode)
         print(f"[{mode}: {time.time() - started:.0f}s]", file=sys.stderr, flush=True)
 
-    print(f"held-out infill, {args.n} tasks per kind, model {args.model or 'embedded'}")
+    print(f"held-out infill, {args.n} tasks per kind, model {args.model or 'embedded'}"
+          + (f", tasks from {args.tasks_from}" if args.tasks_from else ""))
     print("| mode | task | first-line EM | full EM | syntax-valid | TPF | tokens/s |")
     print("|---|---|---|---|---|---|---|")
     for mode, per_kind in results.items():

@@ -4,6 +4,8 @@ Samples: windows of source files, most turned into fill-in-the-middle layouts
 (`<|fim_prefix|><|fim_suffix|>` suffix `<|fim_middle|>` prefix middle `<|endoftext|>`...) with holes of
 the kinds an editor asks for, the middle followed by a run of end-of-text (as in a generation whose
 room is larger than the answer), packed into sequences of the full context length.
+Text is encoded by the server's codec (`completion/codec.py`): source that spells a special token is
+trained on as the literal text the server will send, never as that token.
 Objective (block diffusion, as LLaDA2.x): each block of the sequence is noised with its own ratio and
 denoised given the clean earlier blocks; the clean copy runs beside the noisy one (clean first, so the
 logits of the noisy half are the last rows). Editing noise replaces some visible tokens with tokens drawn
@@ -18,7 +20,8 @@ import random
 import torch
 
 from ..engine.policy import guesses
-from ..completion.layouts import SpecialIds, fim_ids
+from ..completion.codec import TextCodec
+from ..completion.layouts import fim_ids
 
 HOLE_KINDS = ("rest_of_line", "whole_line", "block_body", "span", "plain")
 HOLE_WEIGHTS = (0.30, 0.20, 0.20, 0.10, 0.20)
@@ -101,11 +104,18 @@ class SampleStream:
         self.texts, self.tok, self.window, self.max_eos_run = texts, tokenizer, window_chars, max_eos_run
         self.hole_weights = hole_weights
         self.rng = random.Random(seed)
-        self.special = SpecialIds.from_tokenizer(tokenizer)
+        # The server's codec: source text that holds "<|endoftext|>" is trained on as the literal text
+        # the server will send, never as the special token.
+        self.codec = TextCodec.from_tokenizer(tokenizer)
+        self.special = self.codec.special
         self.weights = [len(t) for t in texts]
 
     def encode(self, s: str) -> list[int]:
-        return self.tok(s, add_special_tokens=False)["input_ids"] if s else []
+        return self.codec.encode(s)
+
+    def fim(self, prefix: str, middle: str, suffix: str) -> list[int]:
+        """The FIM layout of one hole: the server's prompt for a cursor after `prefix`, then the middle."""
+        return fim_ids(self.encode(prefix), self.encode(suffix), self.encode(middle), self.special)
 
     def sample(self) -> list[int]:
         text = self.rng.choices(self.texts, weights=self.weights)[0]
@@ -121,7 +131,7 @@ class SampleStream:
         if self.rng.random() < 0.5:  # the editor keeps only some context: train on short sides too
             prefix = prefix[-self.rng.randint(0, len(prefix)) :] if prefix else prefix
             suffix = suffix[: self.rng.randint(0, len(suffix))]
-        ids = fim_ids(self.encode(prefix), self.encode(suffix), self.encode(middle), self.special)
+        ids = self.fim(prefix, middle, suffix)
         # An editor's request leaves more room than the middle needs, and the engine expects the
         # positions past its end to fill with end-of-text: show the model such runs (packed data alone
         # would teach it that a new sample follows an end-of-text).

@@ -111,8 +111,8 @@ def train_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=None,
                     help="processes that build samples (default: 8 on CUDA, 0 = in the training process on CPU)")
     ap.add_argument("--corpus", type=Path, default=None,
-                    help="a corpus file written by `python -m llada_lsp.training.corpus train FILE` "
-                         "(default: this interpreter's stdlib, train split)")
+                    help="a corpus file: .corpus/train.jsonl.gz from `python -m llada_lsp.training.corpus` (stdlib and "
+                         "third-party), or `... corpus train FILE` (stdlib alone) (default: this interpreter's stdlib, train split)")
     ap.add_argument("--save-every", type=int, default=200, help="checkpoint every N steps")
     ap.add_argument("--hours", type=float, default=None,
                     help="time budget: the LR schedule ends at whichever of --steps and --hours comes first")

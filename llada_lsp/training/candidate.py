@@ -1,0 +1,248 @@
+"""A candidate embedded model, end to end: train it on the built corpus within a time budget, score it
+beside the shipped model on held-out standard-library and third-party files, and say whether it ships.
+
+Knows the training and evaluation entry points and the shipping rule; nothing of the network's insides.
+
+`python -m llada_lsp.training.candidate --out runs/v2 --minutes 7` (on a GPU: `examples/train_gpu.sh`).
+Both phases resume: training continues from OUT/state.pt up to the same total budget, and a finished
+budget is not trained again. The rule: the candidate ships only if, in speed mode, it gets the first line
+right on significantly more held-out tasks than the shipped model (task by task, the tasks only one of
+them gets right, two-sided sign test p < 0.05, standard-library and third-party tasks together), does not
+get fewer right on the standard-library tasks alone, and its bf16 weights stay under 25 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import shutil
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+from . import corpus
+from .eval_infill import TASK_KINDS, Task, make_tasks, paired, sign_test
+
+SPLITS = {"stdlib": "heldout", "thirdparty": "heldout-thirdparty"}  # evaluation split -> corpus split
+MAX_WEIGHT_BYTES = 25_000_000  # the package's cap on the embedded model's bf16 weights
+ALPHA = 0.05
+# The scratch network: v1's (train.TINY) with 6 layers and narrower experts, 12.3M parameters, 24.7 MB in bf16.
+V2_SCRATCH = dict(num_hidden_layers=6, moe_intermediate_size=184)
+RECIPES = {
+    # Continue the shipped network (its 340M tokens kept) on the broader corpus, with the confidence loss.
+    "warm": ["--lr", "1e-3", "--warmup", "50"],
+    # A larger network from random weights.
+    "scratch": ["--config", json.dumps(V2_SCRATCH), "--lr", "3e-3", "--warmup", "200"],
+}
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One evaluation job: one model's answers to one split's tasks in one mode."""
+
+    model: str  # "v1" | "v2"
+    path: str
+    split: str
+    tasks_file: str
+    mode: str
+    n: int
+    n_other: int
+    seed: int
+    device: str
+    threads: int
+
+
+def trained_seconds(out: Path) -> float:
+    state = out / "state.pt"
+    if not state.is_file():
+        return 0.0
+    import torch
+
+    return float(torch.load(state, map_location="cpu", weights_only=False).get("seconds", 0.0))
+
+
+def train_phase(args: argparse.Namespace, extra: list[str]) -> None:
+    from .train import train_main
+
+    budget = args.minutes * 60
+    if (done := trained_seconds(args.out)) >= budget:
+        print(f"training: {done:.0f}s of {budget:.0f}s already spent in {args.out}, not trained again", flush=True)
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not (args.out / "tokenizer.json").is_file():  # v1's vocabulary: the two models stay comparable
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(args.baseline / name, args.out / name)
+    recipe = RECIPES[args.recipe] + (["--init-from", str(args.baseline)] if args.recipe == "warm" else [])
+    argv = ["--out", str(args.out), "--corpus", str(args.corpus / corpus.SPLIT_FILES["train"]),
+            "--hours", str(args.minutes / 60), "--export", str(args.out / "export"), "--device", args.device,
+            "--confidence-weight", "0.5", "--save-every", "250", *recipe, *extra]  # fmt: skip
+    print("training: llada-lsp train " + " ".join(argv), flush=True)
+    if train_main(argv) != 0:
+        raise SystemExit("training failed")
+    import torch
+
+    if torch.cuda.is_available():  # the evaluation processes need the memory training's allocator holds
+        torch.cuda.empty_cache()
+
+
+@functools.lru_cache(maxsize=2)
+def split_tasks(tasks_file: str, n: int, n_other: int, seed: int) -> tuple[Task, ...]:
+    """The split's tasks: `n` rest-of-line tasks (the kind the gate is about: the only one either model
+    gets right often) and `n_other` of each other kind, the same for every model and mode."""
+    source = corpus.load(Path(tasks_file))
+    tasks = make_tasks(n, seed, source, kinds=("rest_of_line",))
+    if n_other:
+        tasks += make_tasks(n_other, seed, source, kinds=tuple(k for k in TASK_KINDS if k != "rest_of_line"))
+    return tuple(tasks)
+
+
+@functools.lru_cache(maxsize=2)  # the shipped model and the candidate
+def _loaded(path: str, device: str, threads: int):
+    from ..completion import pipeline
+
+    # On a GPU the engine's default K/V pool is a quarter of the free memory: far too much for the
+    # parallel evaluation processes; 256 MB holds many 512-position sequences of these small models.
+    cache_mb = 256.0 if device.startswith("cuda") else None
+    spec = pipeline.ModelSpec(path, device=device, dtype="float32", threads=threads, cache_mb=cache_mb)
+    return pipeline.load(spec, lambda *_: None)
+
+
+def evaluate(unit: Unit) -> dict:
+    """One unit's answers (in task order) and its scores per kind; runs in a worker process or here."""
+    from .eval_infill import answer
+
+    model = _loaded(unit.path, unit.device, unit.threads)
+    tasks = split_tasks(unit.tasks_file, unit.n, unit.n_other, unit.seed)
+    started, answers, scores = time.time(), [""] * len(tasks), {}
+    for kind in dict.fromkeys(t.kind for t in tasks):
+        at = [i for i, t in enumerate(tasks) if t.kind == kind]
+        completions, scores[kind] = answer(model, [tasks[i] for i in at], unit.mode)
+        for i, completion in zip(at, completions):
+            answers[i] = completion
+    return {"unit": asdict(unit), "answers": answers, "scores": scores, "seconds": time.time() - started}
+
+
+def eval_phase(args: argparse.Namespace) -> dict:
+    candidate = args.out / "export"
+    if not (candidate / "model.safetensors").is_file():
+        raise SystemExit(f"no candidate at {candidate}: train first (--phase train)")
+    modes = [m for m in args.modes.split(",") if m]
+    if "speed" not in modes:
+        raise SystemExit("--modes must include speed (the rule is decided in speed mode)")
+    if args.eval_device == "auto":
+        import torch
+
+        args.eval_device = "cuda" if torch.cuda.is_available() else "cpu"
+    cores = os.cpu_count() or 1
+    threads = max(1, cores // max(args.jobs, 1))
+    units = [Unit(name, str(path), split, str(args.corpus / corpus.SPLIT_FILES[file]), mode, args.n, args.n_other,
+                  args.task_seed, args.eval_device, threads)
+             for split, file in SPLITS.items() for mode in modes
+             for name, path in (("v1", args.baseline), ("v2", candidate))]  # fmt: skip
+    started = time.time()
+    if args.jobs > 1:  # separate processes: each decodes one request at a time, so they overlap well
+        with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+            results = list(pool.map(evaluate, units))
+    else:
+        results = [evaluate(u) for u in units]
+    print(f"evaluation: {len(units)} units in {time.time() - started:.0f}s", flush=True)
+    return summarize(args, results, candidate)
+
+
+def summarize(args: argparse.Namespace, results: list[dict], candidate: Path) -> dict:
+    by = {(r["unit"]["model"], r["unit"]["split"], r["unit"]["mode"]): r for r in results}
+    lines = ["| split | task | mode | v1 first-line EM | v2 first-line EM | v1 syntax-valid | v2 syntax-valid "
+             "| v1 TPF | v2 TPF |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    splits = list(dict.fromkeys(r["unit"]["split"] for r in results))
+    modes = list(dict.fromkeys(r["unit"]["mode"] for r in results))
+    for split in splits:
+        for mode in modes:
+            one, two = by[("v1", split, mode)]["scores"], by[("v2", split, mode)]["scores"]
+            for kind in one:
+                a, b = one[kind], two[kind]
+                lines.append(f"| {split} | {kind} | {mode} | {a['first_line_em']:.1%} | {b['first_line_em']:.1%} "
+                             f"| {a['syntax_ok']:.1%} | {b['syntax_ok']:.1%} | {a['tpf']:.2f} | {b['tpf']:.2f} |")
+    pairs = {}
+    for split in splits:
+        u = by[("v1", split, "speed")]["unit"]
+        tasks = list(split_tasks(u["tasks_file"], u["n"], u["n_other"], u["seed"]))
+        only_v2, only_v1, p = paired(tasks, by[("v2", split, "speed")]["answers"], by[("v1", split, "speed")]["answers"])
+        pairs[split] = {"tasks": len(tasks), "only_v2": only_v2, "only_v1": only_v1, "p": p}
+    only_v2, only_v1 = (sum(s[k] for s in pairs.values()) for k in ("only_v2", "only_v1"))
+    pooled = {"tasks": sum(s["tasks"] for s in pairs.values()), "only_v2": only_v2, "only_v1": only_v1,
+              "p": sign_test(only_v2, only_v1)}
+    weight_bytes = (candidate / "model.safetensors").stat().st_size
+    reasons = []
+    if not (only_v2 > only_v1 and pooled["p"] < ALPHA):
+        reasons.append(f"not significantly better on held-out tasks (right only in v2 {only_v2}, only in v1 "
+                       f"{only_v1}, p = {pooled['p']:.3g})")
+    if "stdlib" in pairs and pairs["stdlib"]["only_v2"] < pairs["stdlib"]["only_v1"]:
+        reasons.append(f"fewer right on the standard library ({pairs['stdlib']['only_v2']} vs {pairs['stdlib']['only_v1']})")
+    if weight_bytes > MAX_WEIGHT_BYTES:
+        reasons.append(f"weights of {weight_bytes / 1e6:.1f} MB exceed {MAX_WEIGHT_BYTES / 1e6:.0f} MB")
+    ships = not reasons
+    lines.append("")
+    for split, s in pairs.items():
+        lines.append(f"speed, {split}: first line right only in v2 {s['only_v2']}, only in v1 {s['only_v1']} "
+                     f"of {s['tasks']} tasks (sign test p = {s['p']:.3g})")
+    lines.append(f"speed, all held-out: only in v2 {only_v2}, only in v1 {only_v1} of {pooled['tasks']} tasks "
+                 f"(p = {pooled['p']:.3g})")
+    lines.append(f"v2 ships: {'yes' if ships else 'no'}" + ("" if ships else " - " + "; ".join(reasons)))
+    if ships:
+        lines.append(f"to ship: copy {candidate}/{{config.json,model.safetensors,tokenizer.json,tokenizer_config.json}} "
+                     "into llada_lsp/data/tiny/")
+    summary = {"ships": ships, "reasons": reasons, "pairs": pairs, "pooled": pooled, "weight_bytes": weight_bytes,
+               "trained_seconds": trained_seconds(args.out),
+               "scores": {f"{m}/{s}/{mode}": r["scores"] for (m, s, mode), r in by.items()}}  # fmt: skip
+    (args.out / "summary.md").write_text("\n".join(lines) + "\n")
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print("\n".join(lines), flush=True)
+    return summary
+
+
+def candidate_main(argv: list[str] | None = None) -> int:
+    from ..model.loader import EMBEDDED_MODEL
+
+    ap = argparse.ArgumentParser(prog="python -m llada_lsp.training.candidate", description=__doc__.split("\n\n")[0],
+                                 epilog="Other flags go to `llada-lsp train` (later ones win), e.g. --batch 64.")
+    ap.add_argument("--out", type=Path, default=Path("runs/v2"),
+                    help="run folder; the candidate is OUT/export (default: %(default)s)")
+    ap.add_argument("--corpus", type=Path, default=corpus.DEFAULT_CACHE,
+                    help="the folder `python -m llada_lsp.training.corpus` built (default: %(default)s)")
+    ap.add_argument("--minutes", type=float, default=7.0,
+                    help="training budget, resumed runs included (default: %(default)s)")
+    ap.add_argument("--phase", choices=("all", "train", "eval"), default="all")
+    ap.add_argument("--recipe", choices=tuple(RECIPES), default="warm",
+                    help="warm: continue the shipped network; scratch: a 12.3M network from random weights "
+                         "(default: %(default)s)")
+    ap.add_argument("--baseline", type=Path, default=EMBEDDED_MODEL, help="the model to beat (default: the shipped one)")
+    ap.add_argument("--device", default="auto", help="training device: cpu, cuda, auto (default: %(default)s)")
+    ap.add_argument("--eval-device", default="auto", help="evaluation device: cpu, cuda, auto (default: %(default)s)")
+    ap.add_argument("--jobs", type=int, default=1, help="evaluation processes (default: %(default)s)")
+    ap.add_argument("--n", type=int, default=300, help="rest-of-line tasks per split (default: %(default)s)")
+    ap.add_argument("--n-other", type=int, default=100,
+                    help="whole-line and block-body tasks each, per split (default: %(default)s)")
+    ap.add_argument("--modes", default="speed,quality,no-edit", help="default: %(default)s; speed decides")
+    ap.add_argument("--task-seed", type=int, default=1234, help="which tasks are cut (default: %(default)s)")
+    args, extra = ap.parse_known_args(argv)
+    missing = [name for name in corpus.SPLIT_FILES.values() if not (args.corpus / name).is_file()]
+    if missing:
+        print(f"{ap.prog}: error: {args.corpus} lacks {', '.join(missing)}: build it first with "
+              f"`python -m llada_lsp.training.corpus --cache {args.corpus}` (needs the network once)", file=sys.stderr)
+        return 2
+    if args.phase in ("all", "train"):
+        train_phase(args, extra)
+    elif extra:
+        ap.error(f"unknown arguments for --phase eval: {' '.join(extra)}")
+    if args.phase in ("all", "eval"):
+        eval_phase(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(candidate_main())
