@@ -6,6 +6,16 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the message names the file, key or tensor."""
 
 
+class DoesNotFit(CheckpointError):
+    """A model refused before any allocation because its plan (weights + K/V cache per device) does not
+    fit the devices' free memory. The message is the reason on one line, then the plan's table as
+    `llada-lsp plan` prints it (also kept apart: `reason`, `table`)."""
+
+    def __init__(self, reason: str, table: str):
+        super().__init__(f"{reason}\n{table}")
+        self.reason, self.table = reason, table
+
+
 class LoadAbandoned(CheckpointError):
     """A load stopped part-way because nobody wants its model any more (a newer load, a stopping server)."""
 

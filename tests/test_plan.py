@@ -137,3 +137,40 @@ def test_help_loads_no_torch():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "--quantize" in p.stdout
+
+
+# --- the same plan guards every load ---------------------------------------------------------------
+
+
+def test_a_load_that_does_not_fit_is_refused_with_the_table_before_any_tensor_is_read(monkeypatch):
+    import llada_lsp.model.plan as plan_module
+    from llada_lsp.errors import DoesNotFit
+    from llada_lsp.model import load_model
+
+    monkeypatch.setattr(plan_module, "free_memory", lambda device: 10**6)
+    asked = []
+    with pytest.raises(DoesNotFit) as refused:
+        load_model(None, device="cpu", dtype="float32", cancelled=lambda: asked.append(1) or False)
+    assert asked == []  # asked before each tensor is read: none was
+    err = refused.value
+    assert err.reason.endswith("does not fit: cpu needs 40.34 MB (38.24 MB weights + 2.10 MB KV cache) but has 1.00 MB")
+    assert "routed experts" in err.table and err.table.splitlines()[-1].split() == ["fits", "NO"]
+    assert str(err) == f"{err.reason}\n{err.table}"
+
+
+def test_the_service_and_its_flags_load_through_the_same_check(monkeypatch):
+    """The engine service's load (pipeline.load, what ModelWorker runs) refuses the same way, and its
+    --quantize / --devices reach load_model."""
+    import llada_lsp.model.plan as plan_module
+    from llada_lsp.completion.pipeline import ModelSpec, load
+    from llada_lsp.errors import DoesNotFit
+    from llada_lsp.service.engine import parser
+
+    args = parser().parse_args(["--quantize", "fp8", "--devices", "cpu,cpu"])
+    assert (args.quantize, args.devices, args.device) == ("fp8", ("cpu", "cpu"), None)
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--devices", "cpu"])
+    monkeypatch.setattr(plan_module, "free_memory", lambda device: 10**6)
+    spec = ModelSpec(None, None, "float32", quantize=args.quantize, devices=args.devices)
+    with pytest.raises(DoesNotFit, match=r"cpu needs \d+\.\d\d MB \(\d+\.\d\d MB weights"):
+        load(spec, lambda *_: None)

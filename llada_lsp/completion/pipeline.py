@@ -44,6 +44,8 @@ class ModelSpec:
     cache_mb: float | None = None  # the K/V pool (None: the engine's default for the device)
     prefix_cache: bool = True  # reuse the K/V of prompt blocks an earlier request computed
     max_queue: int = 64  # sequences that may wait for a row; more are refused as busy
+    quantize: str | None = None  # "fp8": routed experts in FP8 with 128x128 block scales
+    devices: tuple[str, ...] | None = None  # a model split over several devices (instead of `device`)
 
     @property
     def name(self) -> str:
@@ -120,7 +122,8 @@ def load(spec: ModelSpec, report: Callable[[str, int], None],
 
     if spec.threads:  # threads that outnumber the free cores spin against each other: a step can take 50x longer
         torch.set_num_threads(spec.threads)
-    model = load_model(spec.path, device=spec.device, dtype=spec.dtype, cancelled=cancelled)
+    model = load_model(spec.path, device=spec.device, dtype=spec.dtype, cancelled=cancelled, quantize=spec.quantize,
+                       devices=list(spec.devices) if spec.devices else None)  # fmt: skip
     report("reading the tokenizer", 70)
     tokenizer = load_tokenizer(spec.path)
     if tokenizer is None:

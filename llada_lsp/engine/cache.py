@@ -53,15 +53,22 @@ class CacheStats:
 
 class BlockCache:
     """`pages` blocks of `block_size` tokens of every layer's K and V, with the prefix cache on top.
-    `prefix=False` keeps the pool and never shares or keeps a block (the cache off)."""
+    `prefix=False` keeps the pool and never shares or keeps a block (the cache off). `layer_devices`:
+    a model split over devices keeps each layer's pages on its layer's device."""
 
-    def __init__(self, config: LLaDA2Config, pages: int, block_size: int, device, dtype, prefix: bool = True):
+    def __init__(self, config: LLaDA2Config, pages: int, block_size: int, device, dtype, prefix: bool = True,
+                 layer_devices: list[torch.device] | None = None):  # fmt: skip
         if pages < 2:
             raise ValueError("the pool needs at least 2 pages (one is scratch)")
         self.block_size, self.prefix = block_size, prefix
         shape = (config.num_hidden_layers, pages * block_size, config.num_key_value_heads, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)  # [L, slots, K, D]; slot = page * bs + offset
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        if layer_devices is None:
+            self.k = torch.zeros(shape, device=device, dtype=dtype)  # [L, slots, K, D]; slot = page * bs + offset
+            self.v = torch.zeros(shape, device=device, dtype=dtype)
+        else:  # per layer [slots, K, D], indexed like the stacked pool
+            self.k = [torch.zeros(shape[1:], device=d, dtype=dtype) for d in layer_devices]
+            self.v = [torch.zeros(shape[1:], device=d, dtype=dtype) for d in layer_devices]
+        self.devices = {self.k.device} if layer_devices is None else {k.device for k in self.k}
         self.pages = pages
         self._free = list(range(pages - 1, SCRATCH, -1))  # a stack: pop() hands out low pages first
         self.root = Node(SCRATCH, (), None)
@@ -75,11 +82,12 @@ class BlockCache:
         return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * itemsize
 
     @classmethod
-    def for_budget(cls, config: LLaDA2Config, megabytes: float, block_size: int, device, dtype, prefix: bool = True):
+    def for_budget(cls, config: LLaDA2Config, megabytes: float, block_size: int, device, dtype, prefix: bool = True,
+                   layer_devices: list[torch.device] | None = None):  # fmt: skip
         """A pool of `megabytes`, never smaller than one sequence of the model's full length (+ scratch)."""
         one = cls.page_bytes(config, block_size, dtype)
         least = -(-config.max_position_embeddings // block_size) + 1
-        return cls(config, max(least, int(megabytes * 2**20) // one), block_size, device, dtype, prefix)
+        return cls(config, max(least, int(megabytes * 2**20) // one), block_size, device, dtype, prefix, layer_devices)
 
     # --- counts ------------------------------------------------------------------------------------
     @property
@@ -198,7 +206,7 @@ class PagedView:
     read the scratch page and are masked."""
 
     def __init__(self, cache: BlockCache, rows: list[tuple[list[int], int, int]], width: int):
-        bs, device = cache.block_size, cache.k.device
+        bs, device = cache.block_size, cache.k[0].device
         self.cache = cache
         B, S = len(rows), max(end for _, _, end in rows)
         n_pages = -(-S // bs)
@@ -220,11 +228,14 @@ class PagedView:
         self.writes = writes.flatten().to(device)  # [B * T]
         self.reads = reads.to(device)  # [B, S]
         self.allow = allow[:, None].to(device)  # [B, 1, T, S]
+        # A split model's pool: the slot tables once more on each other device that holds layers.
+        self.tables = {d: (self.writes.to(d), self.reads.to(d)) for d in cache.devices}
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [B, K, T, D] -> every row's visible keys and values [B, K, S, D]."""
         B, K, T, D = k.shape
         pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
-        pool_k.index_copy_(0, self.writes, k.transpose(1, 2).reshape(B * T, K, D))
-        pool_v.index_copy_(0, self.writes, v.transpose(1, 2).reshape(B * T, K, D))
-        return pool_k[self.reads].transpose(1, 2), pool_v[self.reads].transpose(1, 2)
+        writes, reads = self.tables[pool_k.device]
+        pool_k.index_copy_(0, writes, k.transpose(1, 2).reshape(B * T, K, D))
+        pool_v.index_copy_(0, writes, v.transpose(1, 2).reshape(B * T, K, D))
+        return pool_k[reads].transpose(1, 2), pool_v[reads].transpose(1, 2)

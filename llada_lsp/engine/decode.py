@@ -51,7 +51,8 @@ class Engine:
         if cache_mb is None:
             cache_mb = default_cache_mb(model.device)
         self.cache = BlockCache.for_budget(model.config, cache_mb, block_size, model.device, model.dtype,
-                                           prefix=prefix_cache and use_cache)  # fmt: skip
+                                           prefix=prefix_cache and use_cache,
+                                           layer_devices=model.layer_devices)  # fmt: skip
         self.scheduler = Scheduler(model, self.cache, max_batch, max_queue, use_cache)
 
     def generation(self, *args, **kwargs) -> Generation:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fp8
 from .config import LLaDA2Config
 
 try:  # optional CUDA fast path, chosen at run time
@@ -200,10 +201,34 @@ class Experts(nn.Module):
                 continue
             idx = token_of[offset : offset + n]
             xe = x[idx]
-            h = F.silu(xe @ self.w_gate[e].T) * (xe @ self.w_up[e].T)
-            out.index_add_(0, idx, ((h @ self.w_down[e].T) * w_sorted[offset : offset + n, None]).to(out.dtype))
+            h = F.silu(self.linear(xe, "w_gate", e)) * self.linear(xe, "w_up", e)
+            out.index_add_(0, idx, (self.linear(h, "w_down", e) * w_sorted[offset : offset + n, None]).to(out.dtype))
             offset += n
         return out
+
+    def linear(self, x: torch.Tensor, name: str, e: int) -> torch.Tensor:
+        """x [n, in] through expert e's `name` matrix -> [n, out]."""
+        return x @ getattr(self, name)[e].T
+
+
+class FP8Experts(Experts):
+    """The routed experts in FP8: float8_e4m3fn weights, each with float32 scales per 128x128 tile
+    (`<name>_scale_inv` [E, tiles(out), tiles(in)]); see fp8.py for the numbers."""
+
+    def __init__(self, n_experts: int, hidden: int, inner: int):
+        nn.Module.__init__(self)
+        for name, (rows, cols) in (("w_gate", (inner, hidden)), ("w_up", (inner, hidden)), ("w_down", (hidden, inner))):
+            weight = torch.empty(n_experts, rows, cols, dtype=fp8.FP8)
+            scale = torch.empty(n_experts, fp8.tiles(rows), fp8.tiles(cols), dtype=torch.float32)
+            setattr(self, name, nn.Parameter(weight, requires_grad=False))
+            setattr(self, f"{name}_scale_inv", nn.Parameter(scale, requires_grad=False))
+
+    def dense(self, x, expert_ids, weights):
+        """Dequantizing every expert for one block costs more than looping over those with tokens."""
+        return self.sparse(x, expert_ids, weights)
+
+    def linear(self, x: torch.Tensor, name: str, e: int) -> torch.Tensor:
+        return fp8.linear(x, getattr(self, name)[e], getattr(self, f"{name}_scale_inv")[e])
 
 
 class SparseMoE(nn.Module):
@@ -213,7 +238,8 @@ class SparseMoE(nn.Module):
     def __init__(self, config: LLaDA2Config):
         super().__init__()
         self.gate = Router(config)
-        self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
+        experts = FP8Experts if fp8.is_fp8(config) else Experts
+        self.experts = experts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
         self.shared_experts = (
             MLP(config.hidden_size, config.moe_intermediate_size * config.num_shared_experts)
             if config.num_shared_experts
@@ -265,10 +291,21 @@ class LLaDA2(nn.Module):
         self.config = config
         self.model = LLaDA2Backbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # A model split over devices (loader's `devices`): the device that takes over at each boundary,
+        # keyed by the first layer it holds (num_hidden_layers: the final norm and head). {}: one device.
+        self.hops: dict[int, torch.device] = {}
 
     @property
     def device(self) -> torch.device:
+        """Where the logits come out (the last device of a split model)."""
         return self.lm_head.weight.device
+
+    @property
+    def layer_devices(self) -> list[torch.device] | None:
+        """The device of each layer (and of its K/V) in a split model; None on one device."""
+        if not self.hops:
+            return None
+        return [layer.input_layernorm.weight.device for layer in self.model.layers]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -286,6 +323,7 @@ class LLaDA2(nn.Module):
         kv=None,  # a view with `update`, `positions` and `allow` (engine/cache.py), instead of cache/start
     ) -> torch.Tensor | None:
         B, T = input_ids.shape
+        input_ids = input_ids.to(self.model.word_embeddings.weight.device)
         if cache is not None:
             kv = cache.at(start, T)
         if kv is not None and kv.allow is not None:  # a view of a batch knows each row's positions and mask
@@ -300,10 +338,20 @@ class LLaDA2(nn.Module):
         if positions.dim() == 2:  # per-row positions: [B, T, r] -> [B, 1, T, r], broadcast over heads
             cos, sin = cos[:, None], sin[:, None]
         x = self.model.word_embeddings(input_ids)
-        for layer in self.model.layers:
+        for i, layer in enumerate(self.model.layers):
+            if i in self.hops:
+                x, cos, sin, allow = hand_off(self.hops[i], x, cos, sin, allow)
             x = layer(x, cos, sin, allow, kv)
         if last_n == 0:
             return None
+        if len(self.model.layers) in self.hops:
+            x = hand_off(self.hops[len(self.model.layers)], x)[0]
         if last_n is not None:
             x = x[:, -last_n:]
         return self.lm_head(self.model.norm(x))
+
+
+def hand_off(device: torch.device, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """The activations (and the RoPE tables and mask every layer reads) onto the next device of a
+    split model: the one copy per boundary."""
+    return tuple(t if t is None else t.to(device) for t in tensors)

@@ -7,8 +7,7 @@ touches the network. Knows nothing of decoding.
 from __future__ import annotations
 
 import json
-import math
-import os
+import logging
 import re
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,9 +19,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from transformers import AutoConfig
 
-from ..errors import CheckpointError, LoadAbandoned
+from ..errors import CheckpointError, DoesNotFit, LoadAbandoned
+from . import fp8
 from .config import SIZE_KEYS, LLaDA2Config, check_sizes
 from .llada2 import LLaDA2, compute_dtype
+from .plan import ModelShape, Plan, device_of_slots, fmt_bytes, plan_of, render, slot_of
+
+logger = logging.getLogger("llada_lsp.model")
 
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
@@ -32,10 +35,14 @@ DTYPES = {
 }  # fmt: skip
 FLOAT_STORAGE = frozenset({"F16", "BF16", "F32", "F64"})  # safetensors' names of the dtypes a weight may have
 
-# Routed experts are stored one tensor per expert; the network stacks them (see llada2.Experts).
-EXPERT_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+# Routed experts are stored one tensor per expert, FP8 ones with their block scales beside them
+# (`weight_scale_inv`, the DeepSeek-V3 layout); the network stacks them (see llada2.Experts).
+EXPERT_KEY = re.compile(
+    r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv)$"
+)
 LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
 STACKED_NAME = {"gate_proj": "w_gate", "up_proj": "w_up", "down_proj": "w_down"}
+STACKED_SUFFIX = {"weight": "", "weight_scale_inv": "_scale_inv"}
 
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "data" / "tiny"
@@ -156,8 +163,9 @@ def check_counts(config: LLaDA2Config, names: list[str], folder: Path) -> None:
 
 
 def check_shapes(expected: dict[str, tuple[int, ...]], stored: dict[str, tuple[tuple[int, ...], str]],
-                 folder: Path) -> None:  # fmt: skip
-    """Checkpoint names -> the shapes config.json implies, against those the headers list."""
+                 folder: Path, fp8_names: frozenset[str] = frozenset()) -> None:  # fmt: skip
+    """Checkpoint names -> the shapes config.json implies, against those the headers list; `fp8_names`
+    must be stored as float8_e4m3fn, the rest as floats."""
     missing = [name for name in expected if name not in stored]
     if missing:
         raise CheckpointError(f"{folder}: tensor {missing[0]}: missing from the checkpoint ({len(missing)} missing)")
@@ -165,68 +173,61 @@ def check_shapes(expected: dict[str, tuple[int, ...]], stored: dict[str, tuple[t
         shape, dtype = stored[name]
         if shape != want:
             raise CheckpointError(f"{folder}: tensor {name} has shape {shape}, config.json implies {want}")
-        if dtype not in FLOAT_STORAGE:
+        if name in fp8_names and dtype != "F8_E4M3":
+            raise CheckpointError(f"{folder}: tensor {name} is stored as {dtype}, not as F8_E4M3 beside its scales")
+        if name not in fp8_names and dtype not in FLOAT_STORAGE:
             raise CheckpointError(f"{folder}: tensor {name} is stored as {dtype}, not as floats")
 
 
-def device_memory(device: torch.device) -> int | None:
-    """The bytes the device has in all (None: unknown); what other processes hold is not subtracted,
-    so a refusal on it is never wrong, only late."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[1]
-    if device.type == "cpu" and hasattr(os, "sysconf"):
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError):
-            return None
-    return None
+def check_plan(config: LLaDA2Config, stored: dict[str, tuple[tuple[int, ...], str]], devices: list[torch.device],
+               dtype: torch.dtype, quantize: str | None, folder: Path) -> Plan:  # fmt: skip
+    """The memory plan of this load (`llada-lsp plan`'s: the weights as they will be held, and one
+    sequence of the model's full length of K/V, the least the engine allocates), checked against the
+    devices' free memory before anything is allocated."""
+    shape = ModelShape.from_config(config.to_dict(), str(folder / "config.json"))
+    plan = plan_of(str(folder), shape, stored, [str(d) for d in devices], None, str(dtype).removeprefix("torch."),
+                   quantize, None, 1)  # fmt: skip
+    if not plan.fits:
+        raise DoesNotFit(f"{folder}: does not fit: {plan.reason()}", render(plan))
+    return plan
 
 
-def check_memory(expected: dict[str, tuple[int, ...]], dtype: torch.dtype, device: torch.device, folder: Path) -> None:
-    need = sum(math.prod(shape) * tensor_dtype(name, dtype).itemsize for name, shape in expected.items())
-    have = device_memory(device)
-    if have is not None and need > have:
-        raise CheckpointError(f"{folder}: the weights need {_bytes(need)} as {str(dtype).removeprefix('torch.')}, "
-                              f"more than the {_bytes(have)} of {device}")  # fmt: skip
+def hops_of(plan: Plan, devices: list[torch.device], n_layers: int) -> dict[int, torch.device]:
+    """Where a split model changes device: the first layer on each next device (n_layers: the head)."""
+    index = device_of_slots(plan)
+    labels = ["embed", *map(str, range(n_layers)), "head"]
+    return {(n_layers if label == "head" else int(label)): devices[index[label]]
+            for before, label in zip(labels, labels[1:]) if index[label] != index[before]}  # fmt: skip
 
 
-def _bytes(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
-def from_checkpoint_names(tensors: dict[str, torch.Tensor], config: LLaDA2Config) -> dict[str, torch.Tensor]:
-    """Checkpoint names -> network names: stacks the per-expert tensors of each layer."""
-    out, experts = {}, {}
-    for name, tensor in tensors.items():
-        m = EXPERT_KEY.match(name)
-        if m:
-            experts.setdefault((m[1], m[3]), {})[int(m[2])] = tensor
-        else:
-            out[name] = tensor
-    for (prefix, proj), per_expert in experts.items():
-        missing = sorted(set(range(config.num_experts)) - set(per_expert))
-        if missing:
-            raise CheckpointError(f"{prefix}.{missing[0]}.{proj}.weight: missing from the checkpoint")
-        out[f"{prefix}.{STACKED_NAME[proj]}"] = torch.stack([per_expert[e] for e in range(config.num_experts)])
-    return out
+def network_name(key: str) -> tuple[str, int | None]:
+    """Checkpoint name -> (network name, the expert's index in its layer's stack, or None)."""
+    m = EXPERT_KEY.match(key)
+    if m is None:
+        return key, None
+    return f"{m[1]}.{STACKED_NAME[m[3]]}{STACKED_SUFFIX[m[4]]}", int(m[2])
 
 
 def to_checkpoint_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Network names -> checkpoint names (the inverse of from_checkpoint_names)."""
+    """Network names -> checkpoint names (the inverse of network_name)."""
     out = {}
-    inverse = {v: k for k, v in STACKED_NAME.items()}
+    inverse = {v + suffix: f"{k}.{leaf}" for k, v in STACKED_NAME.items() for leaf, suffix in STACKED_SUFFIX.items()}
     for name, tensor in state.items():
         prefix, _, leaf = name.rpartition(".")
         if leaf in inverse and prefix.endswith(".mlp.experts"):
             for e in range(tensor.shape[0]):
-                out[f"{prefix}.{e}.{inverse[leaf]}.weight"] = tensor[e].contiguous()
+                out[f"{prefix}.{e}.{inverse[leaf]}"] = tensor[e].contiguous()
         else:
             out[name] = tensor.contiguous()
     return out
 
 
-def tensor_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
-    """The expert bias only ranks experts; bf16 would reorder near-ties, so it stays in >= fp32."""
+def tensor_dtype(name: str, dtype: torch.dtype, built: torch.dtype | None = None) -> torch.dtype:
+    """The dtype a tensor is held in: `dtype`, but FP8 experts and their block scales keep the dtype the
+    network built them with (`built`), and the expert bias stays in >= fp32: it only ranks experts, and
+    bf16 would reorder near-ties."""
+    if built == fp8.FP8 or name.endswith("_scale_inv"):
+        return built
     return compute_dtype(dtype) if name.endswith("expert_bias") else dtype
 
 
@@ -251,47 +252,92 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     cancelled: Callable[[], bool] | None = None,
+    quantize: str | None = None,
+    devices: list[str | torch.device] | None = None,
 ) -> LLaDA2:
     """Build on the meta device, then assign the checkpoint's tensors (cast to `dtype` on `device`).
 
     Every size is checked against the safetensors headers before anything is built or read, so a
-    config.json that disagrees with its weights fails at once. `cancelled()` is asked before each tensor
-    is read or moved; True stops the load there with LoadAbandoned. `config.mask_token_id` /
-    `eos_token_id` are filled from the tokenizer when the config lacks them.
+    config.json that disagrees with its weights fails at once; then the memory plan against the
+    devices' free memory (DoesNotFit, with the plan's table). `cancelled()` is asked before each tensor
+    is read; True stops the load there with LoadAbandoned. `config.mask_token_id` / `eos_token_id` are
+    filled from the tokenizer when the config lacks them.
+
+    `quantize="fp8"`: the routed experts become float8_e4m3fn with 128x128 block scales as each is
+    read, shard by shard; a checkpoint whose experts are FP8 already (`weight_scale_inv` beside them)
+    loads as is. `devices` (instead of `device`): contiguous layer ranges balanced by bytes, the
+    embedding on the first, the final norm and head on the last.
     """
-    device = resolve_device(device)
-    dtype = resolve_dtype(dtype, device)
+    if quantize not in (None, "fp8"):
+        raise CheckpointError(f"quantize {quantize!r}: only fp8 is supported")
+    if devices and device is not None:
+        raise CheckpointError("give either device or devices, not both")
+    targets = [resolve_device(d) for d in devices] if devices else [resolve_device(device)]
+    dtype = resolve_dtype(dtype, targets[0])
     folder = resolve_path(path)
     config = load_config(folder)
     files = weight_files(folder)
     stored = stored_shapes(files)
     check_counts(config, list(stored), folder)
+    stored_fp8 = any(name.endswith(".weight_scale_inv") for name in stored)
+    try:
+        if (stored_fp8 or quantize == "fp8") and not fp8.is_fp8(config):
+            config.quantization_config = dict(fp8.QUANTIZATION_CONFIG)  # FP8 scales speak for themselves
+    except ValueError as err:
+        raise CheckpointError(f"{folder / 'config.json'}: {err}") from None
+    quantizing = quantize == "fp8" and not stored_fp8
     with torch.device("meta"), _no_init():
         model = LLaDA2(config)
-    expected = {name: tuple(t.shape) for name, t in to_checkpoint_names(model.state_dict()).items()}
-    check_shapes(expected, stored, folder)
-    check_memory(expected, dtype, device, folder)
+    built = model.state_dict()
+    expected = {name: tuple(t.shape) for name, t in to_checkpoint_names(built).items()}
+    if quantizing:  # the block scales are made here, not read
+        expected = {name: shape for name, shape in expected.items() if not name.endswith("_scale_inv")}
+    held_fp8 = {name: t for name, t in built.items() if t.dtype == fp8.FP8}
+    fp8_names = frozenset() if quantizing else frozenset(to_checkpoint_names(held_fp8))
+    check_shapes(expected, stored, folder, fp8_names)
+    plan = check_plan(config, stored, targets, dtype, "fp8" if quantizing else None, folder)
+    device_of = {label: targets[i] for label, i in device_of_slots(plan).items()}
 
     def stop_if_cancelled() -> None:
         if cancelled is not None and cancelled():
             raise LoadAbandoned(f"{folder}: loading abandoned")
 
-    tensors: dict[str, torch.Tensor] = {}
+    weights: dict[str, torch.Tensor] = {}
+
+    def place(key: str, tensor: torch.Tensor) -> None:
+        name, expert = network_name(key)
+        where, held_as = device_of[slot_of(name)], tensor_dtype(name, dtype, built[name].dtype)
+        if expert is None:
+            weights[name] = tensor.to(device=where, dtype=held_as)
+            return
+        if name not in weights:  # the layer's stack, filled expert by expert: never a second copy of it
+            weights[name] = torch.empty(built[name].shape, device=where, dtype=held_as)
+        weights[name][expert].copy_(tensor)
+
+    staged = quantized = 0  # the most host bytes held at once before placing; expert matrices quantized
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for key in f.keys():
                 # Unexpected extra tensors (e.g. rotary caches some exporters write) are never read.
-                if key in expected:
-                    stop_if_cancelled()
-                    tensors[key] = f.get_tensor(key)
-    state = from_checkpoint_names(tensors, config)
-    del tensors
-    weights = {}
-    for name in model.state_dict():
-        stop_if_cancelled()
-        weights[name] = state.pop(name).to(device=device, dtype=tensor_dtype(name, dtype))
+                if key not in expected:
+                    continue
+                stop_if_cancelled()
+                tensor = f.get_tensor(key)
+                pieces = [(key, tensor)]
+                if quantizing and EXPERT_KEY.match(key):  # on its device: a GPU quantizes far faster
+                    q, scale = fp8.quantize(tensor.to(device_of[slot_of(key)]))
+                    pieces, quantized = [(key, q), (f"{key}_scale_inv", scale)], quantized + 1
+                on_host = {id(t): t for t in (tensor, *(piece for _, piece in pieces)) if t.device.type == "cpu"}
+                staged = max(staged, sum(t.nbytes for t in on_host.values()))
+                for name, piece in pieces:
+                    place(name, piece)
+    if quantizing:
+        logger.info("%s: %d routed expert matrices quantized to FP8 at load, shard by shard; host memory held "
+                    "at once for it: at most %s (largest shard %s)", folder, quantized, fmt_bytes(staged),
+                    fmt_bytes(max(file.stat().st_size for file in files)))  # fmt: skip
     model.load_state_dict(weights, assign=True)
     model.eval().requires_grad_(False)
+    model.hops = hops_of(plan, targets, config.num_hidden_layers)
     fill_special_ids(model.config, folder)
     return model
 
@@ -320,10 +366,11 @@ def load_tokenizer(path: str | Path | None = None):
 
 
 def save_model(model: LLaDA2, folder: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
-    """Write config.json + model.safetensors under the real checkpoint names."""
+    """Write config.json + model.safetensors under the real checkpoint names; FP8 experts are written as
+    they are held, with their `weight_scale_inv` (config.json keeps its quantization_config)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu", tensor_dtype(k, dtype)) for k, v in model.state_dict().items()}
+    state = {k: v.detach().to("cpu", tensor_dtype(k, dtype, v.dtype)) for k, v in model.state_dict().items()}
     save_file(to_checkpoint_names(state), str(folder / "model.safetensors"), metadata={"format": "pt"})
     model.config.dtype = str(dtype).removeprefix("torch.")
     model.config.save_pretrained(folder)

@@ -270,7 +270,8 @@ def parse_bytes(text: str) -> int:
 
 def free_memory(device: str) -> int | None:
     """Bytes a device offers now: a CUDA device's free memory, the machine's available RAM for `cpu`;
-    None when the device is not on this machine."""
+    None when the device is not on this machine. The one memory check: `llada-lsp plan` and every load
+    (loader.check_plan) ask it."""
     if device == "cpu":
         try:
             for line in Path("/proc/meminfo").read_text().splitlines():
@@ -290,7 +291,10 @@ def free_memory(device: str) -> int | None:
     index = int(m[1] or 0)
     if not torch.cuda.is_available() or index >= torch.cuda.device_count():
         return None
-    return torch.cuda.mem_get_info(index)[0]
+    # Blocks torch's caching allocator keeps but nothing uses (a model just dropped for another) are
+    # free to this process, though not to the driver.
+    unused_cache = torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
+    return torch.cuda.mem_get_info(index)[0] + unused_cache
 
 
 # --- the plan --------------------------------------------------------------------------------------
@@ -335,6 +339,12 @@ def make_plan(model: str | Path | None = None, devices: list[str] | None = None,
         raise ValueError(f"{len(memory)} memory sizes for {len(devices)} devices")
     memory = [memory[0]] * len(devices) if memory is not None and len(memory) == 1 else memory
     name, shape, stored = read_model(model)
+    return plan_of(name, shape, stored, devices, memory, dtype, quantize, context, batch)
+
+
+def plan_of(name: str, shape: ModelShape, stored: dict | None, devices: list[str], memory: list[int | None] | None,
+            dtype: str, quantize: str | None, context: int | None, batch: int) -> Plan:  # fmt: skip
+    """make_plan for a model already read (the loader has its config and headers in hand)."""
     if stored is None:
         source, slots = "config.json", weights_from_config(shape, dtype, quantize)
     else:
@@ -348,6 +358,19 @@ def make_plan(model: str | Path | None = None, devices: list[str] | None = None,
         have = memory[i] if memory is not None and memory[i] is not None else free_memory(device)
         plans.append(DevicePlan(device, mine, kv_layer * sum(s.layer is not None for s in mine), have))
     return Plan(name, source, dtype, quantize, context, batch, kv_bytes_per_token(shape, dtype), tuple(plans))
+
+
+def slot_of(name: str) -> str:
+    """The slot label ("embed", a layer's index, "head") a checkpoint or network tensor name belongs to."""
+    if name.startswith("model.word_embeddings."):
+        return "embed"
+    m = LAYER_OF_NAME.match(name)
+    return m[1] if m is not None else "head"
+
+
+def device_of_slots(plan: Plan) -> dict[str, int]:
+    """Slot label -> the index of its device in the plan (the same device may be listed twice)."""
+    return {s.label: i for i, d in enumerate(plan.devices) for s in d.slots}
 
 
 def dtype_bytes(dtype: str) -> int:

@@ -359,7 +359,7 @@ async def serve(args: argparse.Namespace, address: Address, token: str | None, s
         return 1
     else:
         service.load(ModelSpec(args.model, args.device, args.dtype, max(1, args.threads), args.max_batch,
-                               args.cache_mb, args.prefix_cache, args.max_queue))  # fmt: skip
+                               args.cache_mb, args.prefix_cache, args.max_queue, args.quantize, args.devices))  # fmt: skip
         logger.info("listening on %s", listener.address)
         await stop.wait()
         logger.info("stopping")
@@ -415,6 +415,13 @@ def parser() -> argparse.ArgumentParser:
         "`llada-lsp engine status [--listen ADDRESS]` asks a running one what it serves.",
     )
     add_model_arguments(ap)
+    big = ap.add_argument_group("large models (see `llada-lsp plan`)")
+    big.add_argument("--quantize", choices=["fp8"],
+                     help="fp8: the routed experts in FP8 with 128x128 block scales, quantized at load from a "
+                     "bf16 checkpoint (one already in FP8 loads as is)")  # fmt: skip
+    big.add_argument("--devices", type=_devices, metavar="DEV,DEV,...",
+                     help="split the layers over several devices, e.g. cuda:0,cuda:1 (instead of --device): "
+                     "contiguous layer ranges balanced by bytes, each layer's K/V beside it")  # fmt: skip
     batching = ap.add_argument_group("batching and the K/V cache")
     batching.add_argument("--max-batch", type=_positive, default=8, metavar="N",
                           help="requests decoded together in one forward (default: 8; 1 decodes one at a "
@@ -433,6 +440,13 @@ def parser() -> argparse.ArgumentParser:
                     help="what the service logs on stderr: info is a line per connection and per request "
                     "(default: info)")  # fmt: skip
     return ap
+
+
+def _devices(text: str) -> tuple[str, ...]:
+    devices = tuple(d.strip() for d in text.split(",") if d.strip())
+    if len(devices) < 2:
+        raise argparse.ArgumentTypeError("name at least two devices, e.g. cuda:0,cuda:1 (one: use --device)")
+    return devices
 
 
 def _positive(text: str) -> int:
@@ -471,6 +485,8 @@ def engine_main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
     address, token = _address_of(ap, args, need_token=True)
+    if args.devices and args.device:
+        ap.error("--device and --devices: give one")
     log_format = "llada-lsp engine %(levelname)s: %(message)s"
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format=log_format)
     return run(serve(args, address, token, step_delay_from_env()))
