@@ -1,20 +1,31 @@
 """`llada-lsp bench`: the cached engine against the recompute-everything loop (the reference algorithm),
-side by side in one run, on a random checkpoint of the LLaDA2 architecture.
+side by side in one run, on a random checkpoint of the LLaDA2 architecture; and with `--shape`, one
+denoising step at a real model's shapes against the memory-bandwidth floor.
 
-The random network gets a golden-style lm_head (noise plus each token's own embedding direction) so
-that unmasked positions predict themselves and blocks settle as a trained model's do; without it every
-step would fill one token and both engines would only measure fallback steps.
+Knows the model and the engine's step rule, never the LSP. The random network of the engine comparison
+gets a golden-style lm_head (noise plus each token's own embedding direction) so that unmasked positions
+predict themselves and blocks settle as a trained model's do; without it every step would fill one
+token and both engines would only measure fallback steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+
+import json
+from pathlib import Path
 
 import torch
 
+from .. import kernels
 from ..engine import PRESETS, Engine
-from ..model import LLaDA2, LLaDA2Config
+from ..engine.policy import joint_threshold
+from ..model import BlockKVCache, LLaDA2, LLaDA2Config
+from ..model import fp8
+from ..model.llada2 import rope_cos_sin
+from ..model.loader import tensor_dtype
 
 # About 50M parameters: 8 layers, hidden 512, 12 experts of 256 (top 2) plus a shared one.
 BENCH_CONFIG = dict(
@@ -49,7 +60,12 @@ def run(engine: Engine, prompt: list[int], gen_length: int, mode: str):
 
 
 def bench_main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="llada-lsp bench", description=__doc__.split("\n\n")[0])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--shape" or a.startswith("--shape=") for a in argv):
+        return step_main(argv)
+    ap = argparse.ArgumentParser(prog="llada-lsp bench", description=__doc__.split("\n\n")[0],
+                                 epilog="With --shape: one denoising step at a real model's shapes "
+                                        "(`llada-lsp bench --shape llada2.1-mini --help`).")  # fmt: skip
     ap.add_argument("--prompt-lengths", default="256,1024,2048", help="comma-separated prompt lengths")
     ap.add_argument("--gen-length", type=int, default=64, help="tokens generated per run (default: 64)")
     ap.add_argument("--mode", default="speed", choices=list(PRESETS), help="decoding preset (default: speed)")
@@ -78,4 +94,236 @@ def bench_main(argv: list[str] | None = None) -> int:
         n = len(a.tokens)
         print(f"| {length} | {a.steps} (+{a.prefill_forwards} prefill) | {a.tokens_per_forward:.2f} | "
               f"{n / a.seconds:.1f} | {n / t:.1f} | {t / a.seconds:.1f}x | {a.tokens == b.tokens} |", flush=True)
+    return 0
+
+
+# --- one denoising step at a real model's shapes ----------------------------------------------------
+# What differs from LLaDA2Config's defaults (LLaDA2.1-mini); tests/test_bench.py holds these to the
+# real config.json files. tokens_per_forward: the LLaDA2.1 paper's average, to project tokens/s.
+SHAPES: dict[str, tuple[dict, float]] = {
+    "llada2.1-mini": ({}, 12.3),
+    "llada2.1-flash": (dict(hidden_size=4096, intermediate_size=9216, moe_intermediate_size=1024,
+                            num_attention_heads=32, num_hidden_layers=32), 13.8),
+}  # fmt: skip
+SPECIAL_IDS = dict(mask_token_id=156895, eos_token_id=156892, pad_token_id=156892)
+# Peak memory bandwidth (GB/s) by a fragment of torch.cuda.get_device_name(); --peak-gbs overrides.
+PEAK_GBS = {"H200": 4800, "H100": 3350, "H800": 3350, "A100": 2039, "L40S": 864, "L4": 300, "4090": 1008}
+BLOCK = 32  # queries per block
+
+
+def shape_config(
+    shape: str, layers: int | None, quantize: str | None
+) -> tuple[LLaDA2Config, int, float | None]:
+    """A named shape or a config.json path -> (config with `layers` layers, the full depth, paper tokens
+    per forward). At least one MoE layer is built, so a one-layer run still times the experts."""
+    if shape in SHAPES:
+        overrides, tpf = SHAPES[shape]
+        config = LLaDA2Config(**SPECIAL_IDS, **overrides)
+    else:
+        path = Path(shape)
+        path = path / "config.json" if path.is_dir() else path
+        if not path.is_file():
+            raise SystemExit(f"--shape {shape!r}: neither {' nor '.join(SHAPES)} nor a config.json")
+        config, tpf = LLaDA2Config(**json.loads(path.read_text())), None
+    full = config.num_hidden_layers
+    config.num_hidden_layers = min(full, max(layers or full, config.first_k_dense_replace + 1))
+    if quantize == "fp8":
+        config.quantization_config = dict(fp8.QUANTIZATION_CONFIG)
+    return config, full, tpf
+
+
+def random_weights(config: LLaDA2Config, device: torch.device, dtype: torch.dtype, seed: int) -> LLaDA2:
+    """The network at `config`'s shapes with random weights, made on the device (nothing on the host),
+    FP8 experts as FP8 with block scales; routing by random router weights touches experts as a block
+    of code does (~160 of 256 per layer at mini shapes)."""
+    torch.manual_seed(seed)
+    with torch.device("meta"):
+        model = LLaDA2(config)
+    state = {}
+    for name, p in model.named_parameters():
+        held = tensor_dtype(name, dtype, p.dtype)
+        if held == fp8.FP8:  # one expert at a time: the float draw of a whole layer would double its size
+            t = torch.empty(p.shape, dtype=held, device=device)
+            for e in range(p.shape[0]):
+                t[e] = (torch.randn(p.shape[1:], device=device) * 100).clamp(-fp8.FP8_MAX, fp8.FP8_MAX).to(held)
+        elif name.endswith("_scale_inv"):
+            t = torch.full(p.shape, 0.02 / 100, dtype=held, device=device)
+        elif p.dim() == 1:
+            t = torch.randn(p.shape, dtype=held, device=device) * 0.01 + (0 if name.endswith("expert_bias") else 1)
+        else:
+            t = torch.randn(p.shape, dtype=held, device=device) * 0.02
+        state[name] = t
+    model.load_state_dict(state, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def weight_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def step_bytes(model: LLaDA2, touched: list[int], batch: int, context: int) -> tuple[int, int]:
+    """Bytes one step must read -> (all of them, one MoE layer's on average): every layer's attention
+    and norms, the dense MLPs, the routers, shared experts and the experts the block touched (with
+    their scales), the K/V cache up to the block, the final norm and lm_head."""
+    per_moe, total = [], 0
+    moe_layers = [layer for layer in model.model.layers if hasattr(layer.mlp, "experts")]
+    for layer in model.model.layers:
+        mlp = layer.mlp
+        n = sum(weight_bytes(p) for p in layer.parameters())
+        if hasattr(mlp, "experts"):
+            experts = sum(weight_bytes(p) for p in mlp.experts.parameters())
+            n += experts * (touched[moe_layers.index(layer)] / mlp.experts.w_gate.shape[0] - 1)
+            per_moe.append(n)
+        total += n
+    c = model.config
+    kv = 2 * c.num_key_value_heads * c.head_dim * (context + BLOCK) * model.dtype.itemsize * batch
+    total += c.num_hidden_layers * kv + weight_bytes(model.lm_head.weight) + weight_bytes(model.model.norm.weight)
+    return int(total), int(sum(per_moe) / max(1, len(per_moe))) + kv
+
+
+def count_touched(model: LLaDA2, step) -> list[int]:
+    """Distinct experts each MoE layer routes the step's tokens to (one extra step, hooks removed after)."""
+    touched, hooks = [], []
+    for layer in model.model.layers:
+        if hasattr(layer.mlp, "gate"):
+            hooks.append(layer.mlp.gate.register_forward_hook(lambda m, i, out: touched.append(len(out[0].unique()))))
+    try:
+        step()
+    finally:
+        for h in hooks:
+            h.remove()
+    return touched
+
+
+def timed(fn, iters: int, device: torch.device, graph: bool) -> float:
+    """ms per call of `fn`, after warm-up (compiles the Triton kernels); `graph`: replayed from one
+    CUDA graph of it, static shapes and addresses."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    if graph:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        fn = g.replay
+    for _ in range(2):
+        fn()
+    sync()
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    return (time.perf_counter() - t) / iters * 1000
+
+
+def print_profile(fn, device: torch.device, rows: int = 20) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    fn()  # warm
+    with profile(activities=activities) as prof:
+        for _ in range(3):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(f"top ops of 3 steps (torch.profiler, by {key}):")
+    print(prof.key_averages().table(sort_by=key, row_limit=rows))
+
+
+def peak_gbs(device: torch.device, override: float | None) -> float | None:
+    if override or device.type != "cuda":
+        return override
+    name = torch.cuda.get_device_name(device)
+    return next((gbs for part, gbs in PEAK_GBS.items() if part in name), None)
+
+
+def step_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="llada-lsp bench --shape", description=(
+        "ms per denoising step (one block of 32 queries per row against --context cached tokens, then the "
+        "step rule) at a real model's shapes with random weights: achieved GB/s, the ratio to the "
+        "memory-bandwidth floor, tokens/s at the paper's tokens per forward."))  # fmt: skip
+    ap.add_argument("--shape", required=True, help=f"{' | '.join(SHAPES)} | a config.json (or its folder)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--layers", type=int, default=None, help="build the first N layers and project the full depth")
+    ap.add_argument("--quantize", choices=["fp8"], default=None, help="routed experts in FP8 with 128x128 scales")
+    ap.add_argument("--batch", type=int, default=1, help="blocks per step, one per sequence (default: 1)")
+    ap.add_argument("--context", type=int, default=1024, help="cached tokens before the block (default: 1024)")
+    ap.add_argument("--iters", type=int, default=20, help="timed steps (default: 20)")
+    ap.add_argument("--cuda-graph", action="store_true", help="replay each timed step from one CUDA graph")
+    ap.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of a step")
+    ap.add_argument("--peak-gbs", type=float, default=None, help="the device's memory bandwidth (default: by name)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device on this machine")
+    if args.cuda_graph and device.type != "cuda":
+        raise SystemExit("--cuda-graph needs --device cuda")
+    if args.context % BLOCK:
+        raise SystemExit(f"--context {args.context}: a whole number of {BLOCK}-token blocks")
+    config, full, tpf = shape_config(args.shape, args.layers, args.quantize)
+    dtype = getattr(torch, args.dtype)
+    model = random_weights(config, device, dtype, args.seed)
+    B, S = args.batch, args.context
+    cache = BlockKVCache(config, S + BLOCK, device, dtype, batch=B)
+    cache.k.normal_()
+    cache.v.normal_()
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    ids = torch.randint(0, config.vocab_size - 8, (B, BLOCK), device=device, generator=gen)  # [B, T]
+    ids[:, BLOCK // 2 :] = config.mask_token_id  # half the block still masked
+    frozen = torch.zeros(B, BLOCK, dtype=torch.bool, device=device)
+    mask_ids = torch.full((B,), config.mask_token_id, device=device)
+    fill_above, edit_above = (torch.full((B,), v, device=device) for v in (PRESETS["speed"].threshold, 0.0))
+    fused_rule = kernels.enabled(torch.empty(0, dtype=dtype, device=device))
+
+    def step():
+        logits = model(ids, cache=cache, start=S, last_n=BLOCK)  # [B, T, V]
+        if fused_rule:
+            return kernels.step(ids, logits, frozen, mask_ids, fill_above, edit_above)
+        return joint_threshold(ids, logits, frozen, mask_ids, fill_above.tolist(), edit_above.tolist())
+
+    # One MoE layer alone, on the same inputs, for the projection to the full depth.
+    last = model.model.layers[-1]
+    x = torch.randn(B, BLOCK, config.hidden_size, device=device, dtype=dtype, generator=gen)
+    cos, sin = rope_cos_sin(torch.arange(S, S + BLOCK, device=device), config.rotary_dim, config.rope_theta, dtype)
+
+    def one_layer():
+        return last(x, cos, sin, None, cache.at(S, BLOCK))
+
+    graph = bool(args.cuda_graph and fused_rule)  # the torch step rule builds tensors from lists: not capturable
+    if args.cuda_graph and not fused_rule:
+        print("--cuda-graph: the step rule's kernels are off (no triton, or LLADA_LSP_KERNELS=0): timing without")
+    with torch.inference_mode():
+        touched = count_touched(model, step)
+        if args.profile:
+            print_profile(step, device)
+        ms = timed(step, args.iters, device, graph)
+        layer_ms = timed(one_layer, args.iters, device, graph) if config.num_hidden_layers < full else 0.0
+    total, per_layer = step_bytes(model, touched, B, S)
+    extra = full - config.num_hidden_layers
+    peak = peak_gbs(device, args.peak_gbs)
+    moe = "fused (Triton)" if kernels.enabled(x) else "dense" if device.type == "cuda" and B * BLOCK <= 64 else "sparse"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"{args.shape}: {name}, {args.dtype}{', FP8 experts' if args.quantize else ''}, MoE {moe}, step rule "
+          f"{'fused (Triton)' if fused_rule else 'torch'}, {'CUDA graph' if graph else 'eager'}; batch {B} x {BLOCK} "
+          f"queries, context {S}; experts touched per layer: {min(touched)}-{max(touched)} of {config.num_experts}; "
+          f"peak {f'{peak:.0f} GB/s' if peak else 'unknown (--peak-gbs)'}")  # fmt: skip
+    print("| layers | ms/step | GB read/step | GB/s | of peak | floor ms | x floor | tok/s at paper tok/forward |")
+    print("|" + "---|" * 8)
+    rows = [(f"{config.num_hidden_layers} of {full}", ms, total)]
+    if extra:
+        rows.append((f"{full} (projected)", ms + extra * layer_ms, total + extra * per_layer))
+    for label, t, nbytes in rows:
+        gbs = nbytes / t / 1e6
+        floor = nbytes / peak / 1e6 if peak else None
+        cells = [label, f"{t:.2f}", f"{nbytes / 1e9:.3g}", f"{gbs:.0f}", f"{gbs / peak:.0%}" if peak else "-",
+                 f"{floor:.2f}" if floor else "-", f"{t / floor:.1f}x" if floor else "-",
+                 f"{B * tpf * 1000 / t:.0f}" if tpf else "-"]  # fmt: skip
+        print("| " + " | ".join(cells) + " |", flush=True)
     return 0

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import kernels
 from . import fp8
 from .config import LLaDA2Config
 
@@ -253,8 +254,15 @@ class SparseMoE(nn.Module):
         expert_ids, weights = self.gate(flat)
         if self.training:  # per-expert load, read by the training loop's bias balancing
             self.load = torch.bincount(expert_ids.flatten(), minlength=self.experts.w_gate.shape[0])
-        mode = self.force or ("dense" if x.is_cuda and B * T <= self.dense_max_tokens else "sparse")
-        out = getattr(self.experts, mode)(flat, expert_ids, weights)
+        auto = "fused" if kernels.enabled(x) else "dense" if x.is_cuda and B * T <= self.dense_max_tokens else "sparse"
+        mode = self.force or auto
+        if mode == "fused":  # llada_lsp/kernels: grouped GEMMs over the touched experts only (Triton)
+            e = self.experts
+            fp8_experts = isinstance(e, FP8Experts)
+            scales = (e.w_gate_scale_inv, e.w_up_scale_inv, e.w_down_scale_inv) if fp8_experts else None
+            out = kernels.moe(flat, expert_ids, weights, e.w_gate, e.w_up, e.w_down, scales)
+        else:
+            out = getattr(self.experts, mode)(flat, expert_ids, weights)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
         return out.view(B, T, C)

@@ -1,0 +1,84 @@
+"""`llada-lsp bench --shape`: one denoising step at a real model's shapes, here on the CPU at the golden
+checkpoint's tiny shapes (the same code path the GPU run takes, minus CUDA graphs and the kernels), and
+the named shapes held to the real config.json files."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from llada_lsp.commands import bench
+from llada_lsp.model.config import SIZE_KEYS
+
+CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread(one_thread_per_module):
+    """One torch thread for the module (conftest.torch_threads says why)."""
+
+
+def table(out: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if re.match(r"\| \d", line)]
+
+
+@pytest.mark.parametrize("name", list(bench.SHAPES))
+def test_named_shapes_are_the_real_configs(name):
+    real = json.loads((CONFIGS / f"{name}.json").read_text())
+    config, full, tpf = bench.shape_config(name, None, None)
+    for key in SIZE_KEYS:
+        assert getattr(config, key) == real[key], key
+    assert full == real["num_hidden_layers"] and tpf > 10
+    assert (config.mask_token_id, config.eos_token_id) == (real["mask_token_id"], real["eos_token_id"])
+
+
+def test_layers_keep_one_moe_layer_and_fp8_builds_fp8_experts():
+    config, full, _ = bench.shape_config("llada2.1-flash", 1, "fp8")
+    assert (config.num_hidden_layers, full) == (2, 32)  # layer 0 is dense: one MoE layer is added
+    model = bench.random_weights(bench.shape_config(str(CONFIGS / ".." / ".." / "golden" / "llada2-tiny"), 2, "fp8")[0],
+                                 torch.device("cpu"), torch.float32, 0)  # fmt: skip
+    experts = model.model.layers[1].mlp.experts
+    assert experts.w_gate.dtype == torch.float8_e4m3fn and experts.w_gate_scale_inv.dtype == torch.float32
+    assert model.lm_head.weight.dtype == torch.float32 and not model.lm_head.weight.isnan().any()
+
+
+def test_step_bench_on_the_cpu(golden_dir, capsys):
+    assert bench.bench_main(["--shape", str(golden_dir / "config.json"), "--device", "cpu", "--dtype", "float32",
+                             "--layers", "1", "--context", "64", "--iters", "2", "--peak-gbs", "10"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    rows = table(out)
+    assert [r[0] for r in rows] == ["2 of 3", "3 (projected)"]
+    (measured, projected) = rows
+    assert 0 < float(measured[1]) < float(projected[1])  # ms: one more MoE layer costs time
+    assert 0 < float(measured[2]) < float(projected[2])  # GB read
+    touched = re.search(r"experts touched per layer: (\d+)-(\d+) of 16", out)
+    assert touched and 4 <= int(touched[1]) <= int(touched[2]) <= 16  # 32 tokens x 4 experts each
+    assert measured[-1] == "-"  # no paper figure for a config path
+
+
+def test_step_bytes_count_touched_experts_and_the_cache(golden_dir):
+    config, _, _ = bench.shape_config(str(golden_dir), None, None)
+    model = bench.random_weights(config, torch.device("cpu"), torch.float32, 0)
+    all_touched = [config.num_experts] * (config.num_hidden_layers - config.first_k_dense_replace)
+    everything = sum(p.numel() * 4 for p in model.parameters()) - model.model.word_embeddings.weight.numel() * 4
+    kv = config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim * (64 + 32) * 4
+    assert bench.step_bytes(model, all_touched, 1, 64)[0] == everything + kv
+    one_each = bench.step_bytes(model, [1] * len(all_touched), 1, 64)[0]
+    expert = 3 * config.moe_intermediate_size * config.hidden_size * 4
+    assert everything + kv - one_each == len(all_touched) * (config.num_experts - 1) * expert
+
+
+def test_step_bench_profile_and_refusals(golden_dir, capsys):
+    args = ["--shape", str(golden_dir), "--device", "cpu", "--dtype", "float32", "--context", "32", "--iters", "1"]
+    assert bench.bench_main([*args, "--profile"]) == 0
+    out = capsys.readouterr().out
+    assert "top ops" in out and "aten::" in out
+    assert [r[0] for r in table(out)] == ["3 of 3"]  # the full depth: nothing projected
+    with pytest.raises(SystemExit, match="cuda-graph needs --device cuda"):
+        bench.bench_main([*args, "--cuda-graph"])
+    with pytest.raises(SystemExit, match="whole number"):
+        bench.bench_main([*args[:-4], "--context", "40"])
