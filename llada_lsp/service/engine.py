@@ -37,6 +37,7 @@ from .loop import run
 from .worker import ModelUnavailable, ModelWorker, Ticket, step_delay_from_env
 from .address import Address, default_socket_path, parse_address, private_folder, read_token
 from .client import EngineClient, EngineFailure
+from .sglang import MODES as SGLANG_MODES, BackendFailure, SGLangWorker, backend_argument
 
 logger = logging.getLogger("llada_lsp.engine")
 
@@ -258,7 +259,8 @@ def _answer_of(request_id: int, future: Future) -> wire.Message:
         outcome: Outcome = future.result()
         return wire.Done(request_id, outcome.text, outcome.steps, outcome.seconds, outcome.stopped, outcome.reason,
                          outcome.tokens)  # fmt: skip
-    kind = next((kind for cls, kind in FAILURES if isinstance(error, cls)), "internal")
+    kind = error.kind if isinstance(error, BackendFailure) else next(
+        (kind for cls, kind in FAILURES if isinstance(error, cls)), "internal")
     return wire.Failed(request_id, kind, str(error) or type(error).__name__)
 
 
@@ -348,10 +350,16 @@ async def serve(args: argparse.Namespace, address: Address, token: str | None, s
     except (AlreadyServing, ValueError, OSError) as err:
         print(f"llada-lsp engine: {err}", file=sys.stderr)
         return 1
-    from ..engine.policy import PRESETS  # torch: paid by the service, not by `engine status` or --help
+    def log(line: str) -> None:
+        logger.info("%s", line)
 
-    worker = ModelWorker(loop, lambda line: logger.info("%s", line), step_delay)
-    service = EngineService(worker, list(PRESETS), token)
+    if args.backend is None:
+        from ..engine.policy import PRESETS  # torch: paid by the service, not by `engine status` or --help
+
+        worker, modes = ModelWorker(loop, log, step_delay), list(PRESETS)
+    else:  # the tokenizer is ours, the model runs on SGLang servers (llada_lsp/service/sglang.py)
+        worker, modes = SGLangWorker(loop, log, args.backend), list(SGLANG_MODES)
+    service = EngineService(worker, modes, token)
     try:
         await listener.bind(service.handle)
     except OSError as err:  # a TCP port in use
@@ -368,6 +376,8 @@ async def serve(args: argparse.Namespace, address: Address, token: str | None, s
         await service.close()
         if not worker.stop(timeout=5):
             logger.warning("the model thread did not stop in time (a load cannot be interrupted)")
+        if isinstance(worker, SGLangWorker):
+            await worker.aclose()  # after the aborts of the requests it was serving
     return 0
 
 
@@ -435,6 +445,17 @@ def parser() -> argparse.ArgumentParser:
                           "GPU; never less than one request of the model's full length)")  # fmt: skip
     batching.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                           help="never reuse the keys and values of prompt blocks an earlier request computed")
+    remote = ap.add_argument_group("where the model runs")
+    remote.add_argument("--backend", type=backend_argument, metavar="native|sglang+URL[,quality=URL]",
+                        help="native (default): this process loads the model; sglang+http://HOST:PORT"
+                        "[,quality=http://HOST2:PORT2]: SGLang servers generate (speed requests to the first, "
+                        "quality to the second, else to the first), the prompts are tokenized here with --model's "
+                        "tokenizer (docs/sglang.md)")  # fmt: skip
+    remote.add_argument("--backend-token-file", metavar="PATH",
+                        help="a file of yours with mode 0600 holding the --api-key of the SGLang servers")
+    remote.add_argument("--backend-timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="how long an SGLang server may send nothing in the middle of an answer before the "
+                        "request fails (default: 30)")  # fmt: skip
     _address_arguments(ap)
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                     help="what the service logs on stderr: info is a line per connection and per request "
@@ -487,6 +508,13 @@ def engine_main(argv: list[str] | None = None) -> int:
     address, token = _address_of(ap, args, need_token=True)
     if args.devices and args.device:
         ap.error("--device and --devices: give one")
+    if args.backend is None and args.backend_token_file:
+        ap.error("--backend-token-file is for --backend sglang+URL")
+    if args.backend is not None:
+        try:
+            args.backend = args.backend.configured(args.backend_token_file, args.backend_timeout)
+        except (ValueError, OSError) as err:
+            ap.error(str(err))
     log_format = "llada-lsp engine %(levelname)s: %(message)s"
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format=log_format)
     return run(serve(args, address, token, step_delay_from_env()))
