@@ -7,22 +7,15 @@ Usage: python examples/bench_joint_threshold.py [--batch 1]. Needs CUDA and trit
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_fused_moe import ms_per_call  # noqa: E402  (the examples folder: one CUDA-event timer)
+
 V, N = 157184, 32
-
-
-def ms_per_call(fn, iters: int = 50) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def main() -> None:
