@@ -93,6 +93,39 @@ def test_fused_moe_default_tiles_and_fp8_block_scales(fm):
     assert (got - plain).abs().max() > 0  # the FP8 rounding is really in the weights it read
 
 
+def test_fp8_experts_give_the_same_numbers_fused_and_unfused(fm, monkeypatch):
+    """A model with FP8 experts: the fused kernel (weights dequantized per tile, activations rounded per
+    token as fp8.linear rounds them) and the loop over experts that every device without the kernels
+    runs compute the same layer, so a GPU with triton serves the numbers the CPU tests measured."""
+    from llada_lsp import kernels
+    from llada_lsp.model.config import LLaDA2Config
+    from llada_lsp.model import fp8
+    from llada_lsp.model.llada2 import FP8Experts, SparseMoE
+
+    config = LLaDA2Config(hidden_size=136, moe_intermediate_size=130, num_experts=4, num_experts_per_tok=2,
+                          n_group=2, topk_group=1, num_shared_experts=0,
+                          quantization_config=dict(fp8.QUANTIZATION_CONFIG))  # fmt: skip
+    torch.manual_seed(0)
+    moe = SparseMoE(config).to(DEVICE)
+    assert isinstance(moe.experts, FP8Experts)
+    with torch.no_grad():
+        moe.gate.weight.normal_()
+        for name in ("w_gate", "w_up", "w_down"):
+            q, scale = fp8.quantize(torch.randn(getattr(moe.experts, name).shape) * 0.1)
+            getattr(moe.experts, name).copy_(q)
+            getattr(moe.experts, f"{name}_scale_inv").copy_(scale)
+    x = torch.randn(1, 7, 136, device=DEVICE)
+    moe.force = "sparse"
+    unfused = moe(x)
+    moe.force = None
+    monkeypatch.setattr(kernels, "enabled", lambda t: True)
+    calls = []
+    monkeypatch.setattr(kernels, "moe", lambda *a: calls.append(1) or fm.fused_moe(*a[:7], activations=a[7]))
+    fused = moe(x)
+    assert calls, "the fused branch did not run"
+    torch.testing.assert_close(fused, unfused, atol=1e-4, rtol=1e-4)
+
+
 def test_expert_tiles_read_each_touched_expert_once(fm):
     """One block of 32 tokens, 8 of 64 experts each: every pair sits in one slot of its expert's
     tile, and each touched expert gets exactly one tile, so its weights stream through once."""
@@ -213,25 +246,22 @@ def test_engine_with_the_kernels_gives_the_golden_tokens(fm, jt, golden_dir, gol
     if DEVICE == "cuda":
         pytest.skip("exact float32 parity is the CPU's bar; on CUDA tests/test_cuda.py's bf16 bar applies")
     from llada_lsp import Engine, JointThreshold, kernels, load_model
-    from llada_lsp.engine import policy, scheduler
 
     calls = {"moe": 0, "step": 0}
-    fused_moe = kernels.moe
+    fused_moe, fused_step = kernels.moe, kernels.step
 
-    def moe(*args):
-        calls["moe"] += 1
-        return fused_moe(*args)
+    def counted(name, fn):
+        def call(*args):
+            calls[name] += 1
+            return fn(*args)
 
-    def step(*args):  # how policy.joint_threshold would call the fused rule
-        calls["step"] += 1
-        return policy.StepUpdate(*kernels.step(*args))
+        return call
 
-    monkeypatch.setattr(kernels, "moe", moe)
-    monkeypatch.setattr(scheduler, "joint_threshold", step)
+    # The one switch says yes on the CPU: the model and the policy take their own kernel branches.
+    monkeypatch.setattr(kernels, "enabled", lambda x: x.dtype in kernels.KERNEL_DTYPES)
+    monkeypatch.setattr(kernels, "moe", counted("moe", fused_moe))
+    monkeypatch.setattr(kernels, "step", counted("step", fused_step))
     model = load_model(golden_dir, device=DEVICE, dtype=torch.float32)
-    for layer in model.model.layers:
-        if hasattr(layer.mlp, "force"):
-            layer.mlp.force = "fused"
     case = next(c for c in golden_generate["cases"] if c["id"] == case_id)
     gen = Engine(model).generation(
         case["prompt_ids"], case["gen_length"], JointThreshold(case["threshold"], case["editing_threshold"]),

@@ -22,11 +22,11 @@ def enabled(x: torch.Tensor) -> bool:
     return TRITON and x.is_cuda and x.dtype in KERNEL_DTYPES and os.environ.get("LLADA_LSP_KERNELS", "1") != "0"
 
 
-def moe(x, expert_ids, weights, w_gate, w_up, w_down, scales=None) -> torch.Tensor:
+def moe(x, expert_ids, weights, w_gate, w_up, w_down, scales=None, activations=None) -> torch.Tensor:
     """fused_moe.fused_moe: a block's routed experts as grouped GEMMs over the touched experts."""
     from .fused_moe import fused_moe
 
-    return fused_moe(x, expert_ids, weights, w_gate, w_up, w_down, scales)
+    return fused_moe(x, expert_ids, weights, w_gate, w_up, w_down, scales, activations=activations)
 
 
 def step(tokens, logits, frozen, mask_ids, thresholds, editing):

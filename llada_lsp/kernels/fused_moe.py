@@ -10,6 +10,7 @@ BLOCK_M, G tiles; weights are [out, in] as nn.Linear stores them: gate/up [E, I,
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -167,10 +168,12 @@ def fused_moe(
     w_down: torch.Tensor,  # [E, C, I]
     scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # gate/up/down block scales
     tiles: Tiles | None = None,
+    activations: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """sum over a of weights[n, a] * SwiGLU_{expert_ids[n, a]}(x[n]) -> [N, C] in x's dtype. Weights
     are x's dtype, or (with `scales`, float32 [E, ceil(out/128), ceil(in/128)] each) FP8 or any float
-    stored per 128x128 tile as weight / scale."""
+    stored per 128x128 tile as weight / scale. `activations`: what each GEMM's input goes through first
+    (the model's FP8 rule rounds x and h per token as an FP8 matmul would), None: nothing."""
     if triton is None:
         raise RuntimeError("fused_moe needs triton (pip install triton); fused_moe_reference needs none")
     N, C = x.shape
@@ -191,6 +194,8 @@ def fused_moe(
             check_scales(w, s, name)
         if SCALE_BLOCK % tiles.block_n or SCALE_BLOCK % tiles.block_k:
             raise ValueError(f"tiles {tiles}: BLOCK_N and BLOCK_K must divide the {SCALE_BLOCK}-wide scale blocks")
+    if activations is not None:
+        x = activations(x)
     x, w_gate, w_up, w_down = (t.contiguous() for t in (x, w_gate, w_up, w_down))
     P = N * A
     slot_pair, tile_expert = expert_tiles(expert_ids, E, tiles.block_m)
@@ -204,6 +209,8 @@ def fused_moe(
         x, w_gate, w_up, sg, su, h, slot_pair, tile_expert, P, C, I, A, E,
         x.stride(0), w_gate.stride(0), w_gate.stride(1), sg.stride(0), sg.stride(1), h.stride(0), **common,
     )  # fmt: skip
+    if activations is not None:
+        h = activations(h)
     out_pairs = torch.zeros(P, C, dtype=torch.float32, device=x.device)  # [P, C]; zeros: padded pairs stay 0
     route = weights.contiguous().view(P)
     _fused_moe_down_kernel[(G, triton.cdiv(C, tiles.block_n))](
@@ -220,8 +227,10 @@ def dequantize(w: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torc
     return (w.to(torch.float32) * full).to(dtype)
 
 
-def fused_moe_reference(x, expert_ids, weights, w_gate, w_up, w_down, scales=None) -> torch.Tensor:
+def fused_moe_reference(x, expert_ids, weights, w_gate, w_up, w_down, scales=None, activations=None) -> torch.Tensor:
     """The plain-PyTorch definition: each pair's SwiGLU in float32, weighted, summed per token."""
+    keep = activations or (lambda t: t)
+    x = keep(x)
     if scales is not None:
         w_gate, w_up, w_down = (dequantize(w, s, x.dtype) for w, s in zip((w_gate, w_up, w_down), scales))
     N, A = expert_ids.shape
@@ -231,6 +240,6 @@ def fused_moe_reference(x, expert_ids, weights, w_gate, w_up, w_down, scales=Non
         e = expert_ids[:, a]
         g = torch.einsum("nc,nic->ni", xf, w_gate[e].float())
         u = torch.einsum("nc,nic->ni", xf, w_up[e].float())
-        h = (F.silu(g) * u).to(x.dtype).float()  # the kernel keeps h in x's dtype between its two GEMMs
+        h = keep((F.silu(g) * u).to(x.dtype)).float()  # the kernel keeps h in x's dtype between its two GEMMs
         out += torch.einsum("ni,nci->nc", h, w_down[e].float()) * weights[:, a, None].float()
     return out.to(x.dtype)

@@ -260,7 +260,9 @@ class SparseMoE(nn.Module):
             e = self.experts
             fp8_experts = isinstance(e, FP8Experts)
             scales = (e.w_gate_scale_inv, e.w_up_scale_inv, e.w_down_scale_inv) if fp8_experts else None
-            out = kernels.moe(flat, expert_ids, weights, e.w_gate, e.w_up, e.w_down, scales)
+            # FP8 experts: activations rounded per token as fp8.linear rounds them, so both paths agree
+            rounded = fp8.quantized_activations if fp8_experts else None
+            out = kernels.moe(flat, expert_ids, weights, e.w_gate, e.w_up, e.w_down, scales, rounded)
         else:
             out = getattr(self.experts, mode)(flat, expert_ids, weights)
         if self.shared_experts is not None:
