@@ -4,8 +4,12 @@
 #   2. the engine's golden cases on CUDA in bf16 with the kernels on (tests/test_cuda.py's per-row bar)
 #   3. the bench table: mini bf16 one block at 1k context (eager and CUDA graph), a batch of 8 blocks,
 #      flash-shaped layers with FP8 experts projected to 32 layers, and one profile of a mini step
+#   4. with GPU_CHECK_HOST_FLASH=1 (the hosting issue, ~2-3 min more): flash with FP8 experts, all 32
+#      layers, on this one GPU: the plan against torch.cuda.memory_allocated, one step timed
+#      (examples/host_flash_check.py)
 # then one summary against the issue's bars. Exit 0: all passed; 1: something failed; 2: no CUDA.
-# Usage: bash examples/gpu_check.sh   (logs in $GPU_CHECK_LOGS, default a fresh temporary folder)
+# Usage: [GPU_CHECK_HOST_FLASH=1] bash examples/gpu_check.sh   (logs in $GPU_CHECK_LOGS, default a fresh
+# temporary folder)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -44,11 +48,15 @@ run mini_graph 90 "${BENCH[@]}" --shape llada2.1-mini --context 1024 --cuda-grap
 run mini_batch8 90 "${BENCH[@]}" --shape llada2.1-mini --context 1024 --batch 8 --cuda-graph
 run flash_fp8 120 "${BENCH[@]}" --shape llada2.1-flash --layers 4 --quantize fp8 --context 1024 --cuda-graph
 run mini_profile 90 "${BENCH[@]}" --shape llada2.1-mini --context 1024 --iters 3 --profile
+if [ "${GPU_CHECK_HOST_FLASH:-0}" = 1 ]; then
+  run host_flash 240 "$PY" examples/host_flash_check.py --context 4096
+fi
 
 echo
 echo "================ gpu_check summary ================"
 for i in "${!NAMES[@]}"; do printf '%-14s %s\n' "${NAMES[$i]}" "${STATUS[$i]}"; done
 grep -h "passed\|failed\|skipped" "$LOGS/kernels.log" "$LOGS/golden_cuda.log" | tail -n 4
+[ -f "$LOGS/host_flash.log" ] && tail -n 1 "$LOGS/host_flash.log"
 echo
 echo "bench (first line of each run, then its table):"
 for name in mini_eager mini_graph mini_batch8 flash_fp8; do
