@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def plan_main(argv: list[str] | None = None) -> int:
@@ -59,6 +60,9 @@ def plan_main(argv: list[str] | None = None) -> int:
 
 
 def default_device() -> str:
+    """cuda:0 when torch sees a GPU; without a GPU driver on the machine, cpu without importing torch."""
+    if not any(Path(p).exists() for p in ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")):
+        return "cpu"
     import torch
 
     return "cuda:0" if torch.cuda.is_available() else "cpu"
