@@ -78,8 +78,7 @@ class BlockCache:
 
     @staticmethod
     def page_bytes(config: LLaDA2Config, block_size: int, dtype: torch.dtype) -> int:
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * itemsize
+        return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * dtype.itemsize
 
     @classmethod
     def for_budget(cls, config: LLaDA2Config, megabytes: float, block_size: int, device, dtype, prefix: bool = True,
@@ -221,13 +220,14 @@ class PagedView:
         positions = ends[:, None] - width + torch.arange(width)  # right-aligned queries; padding < start
         pad = positions < starts[:, None]
         positions = positions.masked_fill(pad, 0)
-        writes = torch.gather(reads, 1, positions) if S else reads
+        writes = torch.gather(reads, 1, positions)
         writes = writes.masked_fill(pad, SCRATCH * bs)
         allow = (keys[None, None, :] // bs <= positions[:, :, None] // bs) & (keys[None, :] < ends[:, None])[:, None]
         self.positions = positions.to(device)  # [B, T]
         self.writes = writes.flatten().to(device)  # [B * T]
         self.reads = reads.to(device)  # [B, S]
-        self.allow = allow[:, None].to(device)  # [B, 1, T, S]
+        # None when every query sees every key (one row of one block, no padding): attention's fast path
+        self.allow = None if bool(allow.all()) else allow[:, None].to(device)  # [B, 1, T, S]
         # A split model's pool: the slot tables once more on each other device that holds layers.
         self.tables = {d: (self.writes.to(d), self.reads.to(d)) for d in cache.devices}
 

@@ -29,14 +29,14 @@ def guesses(logits: torch.Tensor, mask_id: int | torch.Tensor) -> tuple[torch.Te
 def joint_threshold(tokens, logits, frozen, mask_ids, thresholds, editing) -> "StepUpdate":
     """One step of the joint-threshold rule for every row of a batch, each with its own thresholds.
     tokens [B, N], logits [B, N, V], frozen [B, N] bool (prompt positions), mask_ids [B],
-    thresholds / editing: one float per row. Returns a StepUpdate of [B, N] tensors. On CUDA with
-    triton, one fused kernel (kernels/joint_threshold.py) makes the same decisions without a [B, N, V]
-    softmax."""
+    thresholds / editing: one float per row (a list, or a [B] tensor). Returns a StepUpdate of [B, N]
+    tensors. On CUDA with triton, one fused kernel (kernels/joint_threshold.py) makes the same decisions
+    without a [B, N, V] softmax."""
     if kernels.enabled(logits):
         return StepUpdate(*kernels.step(tokens, logits, frozen, mask_ids, thresholds, editing))
     conf, argmax = guesses(logits, mask_ids)  # [B, N], [B, N]
-    fill_above = torch.tensor(thresholds, dtype=conf.dtype, device=conf.device)[:, None]
-    edit_above = torch.tensor(editing, dtype=conf.dtype, device=conf.device)[:, None]
+    fill_above = torch.as_tensor(thresholds, dtype=conf.dtype, device=conf.device)[:, None]
+    edit_above = torch.as_tensor(editing, dtype=conf.dtype, device=conf.device)[:, None]
     masked = tokens == mask_ids[:, None]
     filled = masked & (conf > fill_above)
     # With no mask above the threshold, the single most confident mask is filled (if any is left).

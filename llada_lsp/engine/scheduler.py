@@ -190,18 +190,18 @@ class Scheduler:
             device=device,
         )
         view = self.cache.view([(e.pages, start, hi) for e, (start, hi) in zip(rows, spans)], width)
-        logits = self.model(ids, kv=view, last_n=bs)  # [B, bs, V]
-        for r, entry in enumerate(rows):
-            at = entry.seq.allowed_row
-            if at is not None:
-                logits[r, at].masked_fill_(~entry.seq.settings.first_allowed, float("-inf"))
+        # The step rule's inputs go to the device before the forward: a copy made after it would wait for it.
         seqs = [entry.seq for entry in rows]
-        update = joint_threshold(
-            ids[:, -bs:], logits,
-            torch.tensor([s.frozen for s in seqs], device=device),
-            torch.tensor([s.settings.mask_id for s in seqs], device=device),
-            [s.settings.policy.threshold for s in seqs], [s.settings.policy.editing_threshold for s in seqs],
-        )  # fmt: skip
+        frozen = torch.tensor([s.frozen for s in seqs], device=device)  # [B, bs]
+        mask_ids = torch.tensor([s.settings.mask_id for s in seqs], device=device)  # [B]
+        limits = torch.tensor([[s.settings.policy.threshold, s.settings.policy.editing_threshold] for s in seqs],
+                              dtype=torch.float64, device=device)  # [B, 2]  # fmt: skip
+        logits = self.model(ids, kv=view, last_n=bs)  # [B, bs, V]
+        for r, seq in enumerate(seqs):
+            at = seq.allowed_row
+            if at is not None:
+                logits[r, at].masked_fill_(~seq.settings.first_allowed, float("-inf"))
+        update = joint_threshold(ids[:, -bs:], logits, frozen, mask_ids, limits[:, 0], limits[:, 1])
         finite = update.confidence.isfinite().all(1, keepdim=True).long()  # a NaN or +inf logit makes its softmax NaN
         packed = torch.cat([update.tokens, update.filled.long(), update.edited.long(), finite], dim=1).tolist()  # one sync
         for entry, (start, _), row in zip(rows, spans, packed):

@@ -207,6 +207,10 @@ class Experts(nn.Module):
             offset += n
         return out
 
+    def fused(self, x, expert_ids, weights):
+        """llada_lsp/kernels' fused MoE: grouped GEMMs over the touched experts only (Triton, CUDA)."""
+        return kernels.moe(x, expert_ids, weights, self.w_gate, self.w_up, self.w_down)
+
     def linear(self, x: torch.Tensor, name: str, e: int) -> torch.Tensor:
         """x [n, in] through expert e's `name` matrix -> [n, out]."""
         return x @ getattr(self, name)[e].T
@@ -228,6 +232,13 @@ class FP8Experts(Experts):
         """Dequantizing every expert for one block costs more than looping over those with tokens."""
         return self.sparse(x, expert_ids, weights)
 
+    def fused(self, x, expert_ids, weights):
+        """The fused kernel reads the FP8 tiles with their scales; its activations are rounded per token
+        as fp8.linear rounds them, so both paths compute the same numbers."""
+        scales = (self.w_gate_scale_inv, self.w_up_scale_inv, self.w_down_scale_inv)
+        return kernels.moe(x, expert_ids, weights, self.w_gate, self.w_up, self.w_down, scales,
+                           fp8.quantized_activations)  # fmt: skip
+
     def linear(self, x: torch.Tensor, name: str, e: int) -> torch.Tensor:
         return fp8.linear(x, getattr(self, name)[e], getattr(self, f"{name}_scale_inv")[e])
 
@@ -246,7 +257,16 @@ class SparseMoE(nn.Module):
             if config.num_shared_experts
             else None
         )
-        self.force: str | None = None  # "dense" / "sparse" for tests and benchmarks; None = auto
+        self.force: str | None = None  # "dense" / "sparse" / "fused" for tests and benchmarks; None = auto
+
+    def mode(self, x: torch.Tensor) -> str:
+        """Which Experts path runs for x [B, T, C]: `force`, else the kernel where the switch allows it,
+        else dense for one small block on a GPU, else sparse."""
+        if self.force:
+            return self.force
+        if kernels.enabled(x):
+            return "fused"
+        return "dense" if x.is_cuda and x.shape[0] * x.shape[1] <= self.dense_max_tokens else "sparse"
 
     def forward(self, x):
         B, T, C = x.shape
@@ -254,17 +274,7 @@ class SparseMoE(nn.Module):
         expert_ids, weights = self.gate(flat)
         if self.training:  # per-expert load, read by the training loop's bias balancing
             self.load = torch.bincount(expert_ids.flatten(), minlength=self.experts.w_gate.shape[0])
-        auto = "fused" if kernels.enabled(x) else "dense" if x.is_cuda and B * T <= self.dense_max_tokens else "sparse"
-        mode = self.force or auto
-        if mode == "fused":  # llada_lsp/kernels: grouped GEMMs over the touched experts only (Triton)
-            e = self.experts
-            fp8_experts = isinstance(e, FP8Experts)
-            scales = (e.w_gate_scale_inv, e.w_up_scale_inv, e.w_down_scale_inv) if fp8_experts else None
-            # FP8 experts: activations rounded per token as fp8.linear rounds them, so both paths agree
-            rounded = fp8.quantized_activations if fp8_experts else None
-            out = kernels.moe(flat, expert_ids, weights, e.w_gate, e.w_up, e.w_down, scales, rounded)
-        else:
-            out = getattr(self.experts, mode)(flat, expert_ids, weights)
+        out = getattr(self.experts, self.mode(x))(flat, expert_ids, weights)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
         return out.view(B, T, C)
@@ -336,14 +346,15 @@ class LLaDA2(nn.Module):
         input_ids = input_ids.to(self.model.word_embeddings.weight.device)
         if cache is not None:
             kv = cache.at(start, T)
-        if kv is not None and kv.allow is not None:  # a view of a batch knows each row's positions and mask
+        if kv is not None and kv.positions is not None:  # a batch's view: each row's positions and its mask
             positions, allow = kv.positions, kv.allow
-        if positions is None:
-            positions = torch.arange(start, start + T, device=input_ids.device)
-        if allow is None and (kv is None or start // block_size != (start + T - 1) // block_size):
-            keys = torch.arange(start + T, device=input_ids.device) if kv is not None else positions
-            allow = block_causal_mask(positions, keys, block_size)
-        # allow stays None when the queries are one block whose every key is visible: the fast path.
+        else:
+            if positions is None:
+                positions = torch.arange(start, start + T, device=input_ids.device)
+            if allow is None and (kv is None or start // block_size != (start + T - 1) // block_size):
+                keys = torch.arange(start + T, device=input_ids.device) if kv is not None else positions
+                allow = block_causal_mask(positions, keys, block_size)
+        # allow is None when every query sees every key it is given (one block, no padding): the fast path.
         cos, sin = rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta, self.dtype)
         if positions.dim() == 2:  # per-row positions: [B, T, r] -> [B, 1, T, r], broadcast over heads
             cos, sin = cos[:, None], sin[:, None]
