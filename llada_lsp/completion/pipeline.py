@@ -118,19 +118,14 @@ def load(spec: ModelSpec, report: Callable[[str, int], None],
     import torch
 
     from ..engine import Engine
-    from ..model import load_model, load_tokenizer
+    from ..model import load_model
 
     if spec.threads:  # threads that outnumber the free cores spin against each other: a step can take 50x longer
         torch.set_num_threads(spec.threads)
     model = load_model(spec.path, device=spec.device, dtype=spec.dtype, cancelled=cancelled, quantize=spec.quantize,
                        devices=list(spec.devices) if spec.devices else None)  # fmt: skip
     report("reading the tokenizer", 70)
-    tokenizer = load_tokenizer(spec.path)
-    if tokenizer is None:
-        raise CheckpointError(f"{spec.name}: no tokenizer (tokenizer.json) beside the weights")
-    codec = TextCodec.from_tokenizer(tokenizer)
-    if codec.special.has_fim:
-        _ = codec.token_index  # token healing's lookup: built now, not on the first keystroke inside a word
+    codec = load_codec(spec.path, spec.name)
     if codec.special.mask is None and model.config.mask_token_id is None:
         raise CheckpointError(f"{spec.name}: the tokenizer has no <|mask|> token")
     report("warming up", 90)
@@ -139,6 +134,20 @@ def load(spec: ModelSpec, report: Callable[[str, int], None],
     # First-call costs (allocations, kernel selection) are paid here, not on the first keystroke.
     engine.generation(codec.encode("def f():\n"), 1, "speed", mask_id=codec.special.mask).run()
     return LoadedModel(spec, engine, codec)
+
+
+def load_codec(path: str | os.PathLike | None, name: str, where: str = "beside the weights") -> TextCodec:
+    """The tokenizer of the model at `path` (None: the embedded one) as a TextCodec, token healing's
+    lookup built; CheckpointError `NAME: no tokenizer (tokenizer.json) WHERE` when it has none."""
+    from ..model import load_tokenizer  # transformers: on the loading thread
+
+    tokenizer = load_tokenizer(path)
+    if tokenizer is None:
+        raise CheckpointError(f"{name}: no tokenizer (tokenizer.json) {where}")
+    codec = TextCodec.from_tokenizer(tokenizer)
+    if codec.special.has_fim:
+        _ = codec.token_index  # token healing's lookup: built now, not on the first keystroke inside a word
+    return codec
 
 
 def cursor_context(text: str, offset: int) -> Cursor:
@@ -163,7 +172,7 @@ class Plan:
     settings: Settings
 
     def on_draft(self, draft: Draft) -> tuple[int, object]:
-        return draft.step, None
+        raise NotImplementedError
 
     def finish(self, result: GenerationResult) -> Outcome:
         raise NotImplementedError
@@ -214,12 +223,13 @@ class InfillPlan(Plan):
 
     def finish(self, result: GenerationResult) -> Outcome:
         mask = self.codec.special.mask
-        tokens = sum(t != mask for t in result.tokens)
+        filled = [t for t in result.tokens if t != mask]
+        tokens = len(filled)
         if self.stop.enough:
             return Outcome(self.shown or "", result.steps, result.seconds, "unit", tokens=tokens)
         if result.cancelled:
             return Outcome(self.shown or "", result.steps, result.seconds, "cancelled", tokens=tokens)
-        raw, _ = self.codec.text_of([t for t in result.tokens if t != mask])
+        raw, _ = self.codec.text_of(filled)
         text = finish(raw.removeprefix(self.healed.text), self.cursor, True, self.chat).text
         return Outcome(text, result.steps, result.seconds, "done", tokens=tokens)
 
@@ -254,10 +264,11 @@ class RewritePlan(Plan):
     def finish(self, result: GenerationResult) -> Outcome:
         codec, job, selection = self.codec, self.job, self.selection
         seconds = time.perf_counter() - self.started
-        tokens = sum(t != codec.special.mask for t in result.tokens)
+        filled = [t for t in result.tokens if t != codec.special.mask]
+        tokens = len(filled)
         if result.cancelled:
             return Outcome("", result.steps, seconds, "cancelled", tokens=tokens)
-        raw, _ = codec.text_of([t for t in result.tokens if t != codec.special.mask])
+        raw, _ = codec.text_of(filled)
         raw = strip_special(raw)
         if self.prompt.prompt.layout == "chat":
             raw, _ = unfence(raw, True)

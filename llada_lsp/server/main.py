@@ -16,7 +16,7 @@ import sys
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import cattrs
 from lsprotocol import types
@@ -165,9 +165,7 @@ class LladaProtocol(LanguageServerProtocol):
             # to save: every answer has been written and flushed.
             if (handler := self.fm.features.get(types.EXIT)) is not None:
                 yield handler, args, None
-            logging.shutdown()
-            sys.stderr.flush()
-            os._exit(0 if self._shutdown else 1)
+            exit_now(0 if self._shutdown else 1)
         # TCP: pygls would raise SystemExit inside asyncio's connection callback; closing the connection
         # ends its read loop instead: the session ends, the listener goes on (tcp.py).
         if (handler := self.fm.features.get(types.EXIT)) is not None:
@@ -706,12 +704,18 @@ def serve_main(argv: list[str] | None = None) -> int:
 
 def _end(ls: LladaServer) -> int:
     """The exit code once the client has gone without `exit` (the end of stdin). The model thread is
-    told to stop, not waited for (a load cannot be interrupted, a step may be stuck); while it still
-    runs the process ends at once: an interpreter tearing down under a thread inside torch wrote
+    told to stop, not waited for (a load stops only at its next tensor, a step may be stuck); while it
+    still runs the process ends at once: an interpreter tearing down under a thread inside torch wrote
     `I/O operation on closed file` tracebacks by the thousand."""
     code = 0 if ls.shutdown_requested else 1
     if isinstance(ls.completer, LocalCompleter) and not ls.completer.worker.stop(timeout=0):
-        logging.shutdown()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_now(code)
     return code
+
+
+def exit_now(code: int) -> NoReturn:
+    """Ends the process at once, the log flushed, without the interpreter's teardown (which, under a
+    model thread still inside torch, aborts or floods stderr). For when every answer has been written."""
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(code)

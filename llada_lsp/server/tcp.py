@@ -21,8 +21,9 @@ from typing import Any, NoReturn
 
 from lsprotocol import types
 
+from ..service.address import parse_address
 from ..service.loop import run as run_loop
-from .main import REQUEST_FAILED, Launch, LladaServer, create_server
+from .main import REQUEST_FAILED, Launch, LladaServer, create_server, exit_now
 from .transport import FrameReader, serve_stream
 
 logger = logging.getLogger(__name__)
@@ -37,20 +38,19 @@ BUSY = "this server already serves a client over TCP, and serves one at a time: 
 def parse_listen(text: str) -> tuple[str, int]:
     """`HOST:PORT`, `[V6]:PORT` or `:PORT` (loopback); port 0 lets the system pick (it is printed).
     ValueError otherwise."""
-    host, _, port = text.rpartition(":")
-    if not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"--tcp wants HOST:PORT, got {text!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    try:
+        address = parse_address("tcp://" + text)
+    except ValueError:
+        raise ValueError(f"--tcp wants HOST:PORT, got {text!r}") from None
+    return address.host, address.port
 
 
 def serve(host: str, port: int, launch: Launch, token: str) -> NoReturn:
     """Serves until SIGINT or SIGTERM, then ends the process: 0, or 1 if it cannot listen."""
     code = run_loop(TcpListener(launch, token).serve(host, port))
-    # As stdio's `exit` does: a session's model thread may still be in a load (which cannot be
-    # interrupted), and an interpreter finalizing under it aborts. Every answer has been written.
-    logging.shutdown()
-    sys.stderr.flush()
-    os._exit(code)
+    # As stdio's `exit` does: a session's model thread may still be in a step or a load (which stops
+    # only at its next tensor), and an interpreter finalizing under it aborts. Every answer has been written.
+    exit_now(code)
 
 
 class TcpSession(LladaServer):

@@ -37,7 +37,7 @@ from .loop import run
 from .worker import ModelUnavailable, ModelWorker, Ticket, step_delay_from_env
 from .address import Address, default_socket_path, parse_address, private_folder, read_token
 from .client import EngineClient, EngineFailure
-from .sglang import MODES as SGLANG_MODES, BackendFailure, SGLangWorker, backend_argument
+from .backend import MODES as SGLANG_MODES, BackendFailure, backend_argument
 
 logger = logging.getLogger("llada_lsp.engine")
 
@@ -358,6 +358,8 @@ async def serve(args: argparse.Namespace, address: Address, token: str | None, s
 
         worker, modes = ModelWorker(loop, log, step_delay), list(PRESETS)
     else:  # the tokenizer is ours, the model runs on SGLang servers (llada_lsp/service/sglang.py)
+        from .sglang import SGLangWorker  # httpx: paid by an SGLang service only
+
         worker, modes = SGLangWorker(loop, log, args.backend), list(SGLANG_MODES)
     service = EngineService(worker, modes, token)
     try:
@@ -375,8 +377,9 @@ async def serve(args: argparse.Namespace, address: Address, token: str | None, s
         listener.close()  # first: no new connection while the others close
         await service.close()
         if not worker.stop(timeout=5):
-            logger.warning("the model thread did not stop in time (a load cannot be interrupted)")
-        if isinstance(worker, SGLangWorker):
+            logger.warning("the model thread did not stop in time (a step is stuck, or a load is still reading a "
+                           "tensor: it stops at the next one)")  # fmt: skip
+        if args.backend is not None:  # SGLangWorker
             await worker.aclose()  # after the aborts of the requests it was serving
     return 0
 

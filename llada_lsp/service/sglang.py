@@ -12,127 +12,42 @@ word is dropped; a rewrite's selection is not an initial draft; drafts are whole
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field, replace
-from typing import Any, AsyncIterator, Callable, Protocol
-from urllib.parse import urlsplit
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator, Callable
 
 import httpx
 
-from ..completion.pipeline import LoadedModel, ModelSpec, Plan
+from ..completion.pipeline import Flag, LoadedModel, ModelSpec, Plan, load_codec
 from ..errors import Busy, CheckpointError, Refused, TooLong
-from .address import read_token
-from .worker import LOAD_KEY, ModelUnavailable, Ticket
+from .backend import MODES, BackendFailure, SGLangBackend
+from .backend import backend_argument, parse_backend  # noqa: F401 - re-exported: sglang's names, as before
+from .worker import LOAD_KEY, KeyedJobs, ModelUnavailable, Ticket
 
 logger = logging.getLogger(__name__)
 
-MODES = ("speed", "quality")  # the modes editors ask for (engine.policy.PRESETS has these and more): a server each
 BLOCK_SIZE = 32  # LLaDA2's block: SGLang's default for LLaDA2MoeModelLM (srt/dllm/config.py)
 CONNECT_TIMEOUT = 5.0  # seconds to open a connection to a server
 ABORT_TIMEOUT = 5.0
 PROBE_EVERY = (2.0, 15.0)  # seconds between health probes: while a server is not ready, and once all are
-DEFAULT_TIMEOUT = 30.0  # seconds a server may send nothing in the middle of an answer
-
-
-class BackendFailure(Exception):
-    """A request SGLang did not serve, with the wire's failure kind that says why ("no_model": not
-    reachable or still loading; "busy": no answer in time; "auth": the API key; "too_long"; "internal")."""
-
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind, self.message = kind, message
-
-
-# --- where the servers are ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SGLangBackend:
-    """One SGLang server per decoding mode: its thresholds are the server's (no per-request override),
-    so quality needs a server of its own; without one, quality requests go to speed's server."""
-
-    speed: str  # base URL: http://HOST:PORT
-    quality: str | None = None
-    api_key: str | None = field(default=None, repr=False)  # sent as `Authorization: Bearer KEY`
-    timeout: float = DEFAULT_TIMEOUT
-
-    def url(self, mode: str) -> str:
-        return self.quality if mode == "quality" and self.quality else self.speed
-
-    @property
-    def urls(self) -> dict[str, str]:
-        """Each server's URL -> which modes it serves, in words."""
-        if self.quality is None or self.quality == self.speed:
-            return {self.speed: "speed and quality"}
-        return {self.speed: "speed", self.quality: "quality"}
-
-    def __str__(self) -> str:
-        return f"sglang+{self.speed}" + (f",quality={self.quality}" if self.quality else "")
-
-    def configured(self, token_file: str | None, timeout: float) -> SGLangBackend:
-        """With the API key from `token_file` (a file of yours with mode 0600) and the timeout;
-        ValueError or OSError for a bad file or timeout."""
-        if timeout <= 0:
-            raise ValueError(f"--backend-timeout must be positive, not {timeout}")
-        return replace(self, api_key=read_token(token_file) if token_file else None, timeout=timeout)
-
-
-def parse_backend(text: str) -> SGLangBackend | None:
-    """`native` -> None; `sglang+http://HOST:PORT[,quality=http://HOST2:PORT2]` -> the servers.
-    ValueError says what is wrong."""
-    if text == "native":
-        return None
-    if not text.startswith("sglang+"):
-        raise ValueError(f"{text!r}: the backend is native or sglang+http://HOST:PORT[,quality=http://HOST2:PORT2]")
-    first, *rest = text.removeprefix("sglang+").split(",")
-    urls = {"speed": _base_url(first.removeprefix("speed="))}
-    for item in rest:
-        mode, sep, url = item.partition("=")
-        if not sep or mode not in MODES or mode in urls:
-            raise ValueError(f"{item!r}: after the first URL only quality=URL may follow")
-        urls[mode] = _base_url(url)
-    return SGLangBackend(urls["speed"], urls.get("quality"))
-
-
-def backend_argument(text: str) -> SGLangBackend | None:
-    """parse_backend as an argparse `type`."""
-    try:
-        return parse_backend(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def _base_url(text: str) -> str:
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/") or parts.query:
-        raise ValueError(f"{text!r} is not a server's address (http://HOST:PORT)")
-    try:
-        parts.port  # noqa: B018 - validates the port
-    except ValueError as err:
-        raise ValueError(f"{text!r}: {err}") from None
-    return f"{parts.scheme}://{parts.netloc}"
 
 
 # --- the model as plans see it ----------------------------------------------------------------------
-class Flag(Protocol):
-    def is_set(self) -> bool: ...
-
-
 @dataclass(frozen=True)
 class RemoteSettings:
-    """What a plan asks of its generation (Engine.settings' arguments), as far as SGLang can be told."""
+    """What a plan asks of its generation (Engine.settings' arguments), as far as SGLang can be told: a
+    rewrite's selection (init_ids) is not sent, SGLang starting from masks; token healing's constraint
+    (first_allowed) it cannot apply (see _breaks_word); nor a priority."""
 
     prompt: list[int]
     gen_length: int
     mode: str
     eos_id: int | None
     cancel: Flag | None
-    init_ids: list[int]  # a rewrite's selection: SGLang starts from masks, so it is not sent
-    first_allowed: list[int] | None  # token healing's constraint: SGLang cannot apply it (see _breaks_word)
-    priority: int
 
 
 class RemoteEngine:
@@ -145,7 +60,8 @@ class RemoteEngine:
                  eos_early_stop: bool = False, mask_id: int | None = None, eos_id: int | None = None,
                  cancel: Flag | None = None, init_ids: list[int] | None = None, first_allowed: list[int] | None = None,
                  priority: int = 0) -> RemoteSettings:  # fmt: skip
-        """`max_post_steps` and `eos_early_stop` are the server's (its YAML), whatever a plan asks."""
+        """`max_post_steps` and `eos_early_stop` are the server's (its YAML), whatever a plan asks;
+        `init_ids`, `first_allowed` and `priority` SGLang cannot be told (RemoteSettings)."""
         if policy not in MODES:
             raise ValueError(f"unknown mode {policy!r}; choose one of {', '.join(MODES)}")
         if gen_length < 1:
@@ -153,8 +69,7 @@ class RemoteEngine:
         if len(prompt_ids) + gen_length > self.max_positions:
             raise TooLong(f"a prompt of {len(prompt_ids)} tokens and {gen_length} to generate exceed the model's "
                           f"{self.max_positions} positions")  # fmt: skip
-        return RemoteSettings(list(prompt_ids), gen_length, policy, eos_id, cancel, list(init_ids or []),
-                              first_allowed, priority)  # fmt: skip
+        return RemoteSettings(list(prompt_ids), gen_length, policy, eos_id, cancel)
 
 
 class RemoteModel(LoadedModel):
@@ -198,17 +113,11 @@ class RemoteSpec:
 def load_remote_model(spec: ModelSpec) -> RemoteModel:
     """The tokenizer and the length of the model SGLang serves, from its local folder (`--model`; never
     its weights). Prompts go over the wire as ids: this must be the model the servers load."""
-    from ..completion.codec import TextCodec
-    from ..model.loader import load_config, load_tokenizer, resolve_path  # torch: on the loading thread
+    from ..model.loader import load_config, resolve_path  # torch: on the loading thread
 
     folder = resolve_path(spec.path)
     config = load_config(folder)
-    tokenizer = load_tokenizer(folder)
-    if tokenizer is None:
-        raise CheckpointError(f"{spec.name}: no tokenizer (tokenizer.json) in {folder}")
-    codec = TextCodec.from_tokenizer(tokenizer)
-    if codec.special.has_fim:
-        _ = codec.token_index  # token healing's lookup, built now rather than on a keystroke
+    codec = load_codec(folder, spec.name, where=f"in {folder}")
     return RemoteModel(spec, RemoteEngine(config.max_position_embeddings), codec)
 
 
@@ -420,7 +329,7 @@ class RemoteTicket(Ticket):
 
 
 # --- the worker -------------------------------------------------------------------------------------------
-class SGLangWorker:
+class SGLangWorker(KeyedJobs):
     """ModelWorker's interface to the service (load, submit, state, error, spec, model, stats, stop)
     over SGLang servers. Everything runs on the event loop as tasks; plans are made on a thread (they
     tokenize); generation happens on the servers. `log(line)`: one line per job."""
@@ -435,7 +344,6 @@ class SGLangWorker:
         self.model: RemoteModel | None = None
         self.state, self.error = "loading", None
         self.spec = RemoteSpec(ModelSpec(None), backend)
-        self.max_queue = 64
         self._report: Callable[[str, int], None] = lambda message, percent: None
         self._shown: tuple | None = None  # the state last reported
         self._loading: asyncio.Task | None = None
@@ -448,7 +356,7 @@ class SGLangWorker:
     def load(self, spec: ModelSpec, report: Callable[[str, int], None]) -> Ticket:
         """Reads the tokenizer (`spec.path`, else the embedded model's) and asks every server how it is;
         `report(message, percent)` then tells of every change of the servers' state."""
-        self.spec, self._report, self.max_queue = RemoteSpec(spec, self.backend), report, spec.max_queue
+        self.spec, self._report = RemoteSpec(spec, self.backend), report
         self.state, self.error, self.model, self._shown = "loading", None, None, None
         ticket = Ticket(LOAD_KEY, f"load {spec.name}", None, None, self.loop, loads=True)
         self._loading = self.loop.create_task(self._load(spec, ticket))
@@ -457,15 +365,14 @@ class SGLangWorker:
     def submit(self, key: str | None, label: str, job: Callable[[LoadedModel, Ticket], Any],
                on_draft: Callable[[int, Any], None] | None = None) -> Ticket:  # fmt: skip
         """As ModelWorker.submit: `job(model, ticket)` returns the Plan; a newer job of `key` cancels this one."""
-        ticket = RemoteTicket(key, label, job, on_draft, self.loop)
-        if key is not None:
-            previous = self._latest.get(key)
-            if previous is not None:
-                previous.cancel()
-            self._latest[key] = ticket
-            ticket.when_done(lambda _: self._forget(ticket))
+        ticket = self._supersede(RemoteTicket(key, label, job, on_draft, self.loop))
         ticket.task = self.loop.create_task(self._run(ticket))
         return ticket
+
+    @property
+    def max_queue(self) -> int:
+        """Requests that may wait for SGLang; more are answered busy (the ModelSpec's, as the native engine's)."""
+        return self.spec.tokenizer.max_queue
 
     def cancel_all(self) -> None:
         for ticket in list(self._jobs):
@@ -546,10 +453,6 @@ class SGLangWorker:
             self._report("; ".join(lines), ready * 100 // len(states))
 
     # --- requests ---------------------------------------------------------------------------------
-    def _forget(self, ticket: Ticket) -> None:
-        if self._latest.get(ticket.key) is ticket:
-            del self._latest[ticket.key]
-
     async def _run(self, ticket: RemoteTicket) -> None:
         ticket.started = time.perf_counter()
         self._jobs.add(ticket)
@@ -581,9 +484,7 @@ class SGLangWorker:
             await asyncio.shield(self._loading)  # shielded: a cancelled request must not cancel the load
         if self.model is None:
             raise ModelUnavailable(self.error or "no tokenizer is loaded")
-        plan = await asyncio.to_thread(ticket.job, self.model, ticket)
-        if not isinstance(plan, Plan):
-            return plan
+        plan: Plan = await asyncio.to_thread(ticket.job, self.model, ticket)
         settings: RemoteSettings = plan.settings
         server = self.servers[self.backend.url(settings.mode)]
         if server.health.state != "ready":  # known to be down: asked again rather than failed on old news

@@ -40,9 +40,9 @@ class Ticket:
     """One queued job: its result future, its cancel flag and its step count (for the log)."""
 
     def __init__(self, key: str | None, label: str, job: Callable, on_draft: Callable | None, loop,
-                 step_delay: float = 0.0, loads: bool = False):  # fmt: skip
+                 loads: bool = False):  # fmt: skip
         self.key, self.label, self.job, self.on_draft, self.loop = key, label, job, on_draft, loop
-        self.step_delay, self.loads = step_delay, loads  # loads: a model load, run without a model
+        self.loads = loads  # a model load, run without a model
         self.future: Future = Future()  # never set running, so cancel() always wins until a result is set
         self._cancelled = threading.Event()
         self.steps = 0
@@ -86,7 +86,33 @@ def step_delay_from_env() -> float:
     return float(os.environ.get("LLADA_LSP_TEST_STEP_DELAY_MS", "0") or 0) / 1000
 
 
-class ModelWorker:
+class KeyedJobs:
+    """Supersede by key, for a worker whose tickets are handed out on the loop: a newer ticket of a key
+    cancels the one before it. The worker sets `_latest = {}` (key -> its newest ticket)."""
+
+    _latest: dict[str, Ticket]
+
+    def _supersede(self, ticket: Ticket) -> Ticket:
+        if ticket.key is not None:
+            previous = self._latest.get(ticket.key)
+            if previous is not None:
+                previous.cancel()
+            self._latest[ticket.key] = ticket
+            # _latest is only touched on the loop; the future may complete on the model thread.
+            ticket.when_done(lambda _: self._forget(ticket))
+        return ticket
+
+    def _forget(self, ticket: Ticket) -> None:
+        if self._latest.get(ticket.key) is ticket:
+            del self._latest[ticket.key]
+
+    def cancel_key(self, key: str) -> None:
+        ticket = self._latest.get(key)
+        if ticket is not None:
+            ticket.cancel()
+
+
+class ModelWorker(KeyedJobs):
     """`load()` and `submit()` from the event loop; everything they queue runs on one thread, in order."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, log: Callable[[str], None], step_delay: float = 0.0,
@@ -121,12 +147,7 @@ class ModelWorker:
                on_draft: Callable[[int, Any], None] | None = None) -> Ticket:  # fmt: skip
         """`job(model, ticket)` runs on the model thread: it returns a Plan (decoded with the others
         running, its drafts to `on_draft`), or its result (reporting steps with `ticket.emit`)."""
-        return self._enqueue(Ticket(key, label, job, on_draft, self.loop, self.step_delay))
-
-    def cancel_key(self, key: str) -> None:
-        ticket = self._latest.get(key)
-        if ticket is not None:
-            ticket.cancel()
+        return self._enqueue(Ticket(key, label, job, on_draft, self.loop))
 
     def cancel_all(self) -> None:
         for ticket in list(self._latest.values()):
@@ -143,19 +164,8 @@ class ModelWorker:
         return not self._thread.is_alive()
 
     def _enqueue(self, ticket: Ticket) -> Ticket:
-        if ticket.key is not None:
-            previous = self._latest.get(ticket.key)
-            if previous is not None:
-                previous.cancel()
-            self._latest[ticket.key] = ticket
-            # _latest is only touched on the loop; the future may complete on the model thread.
-            ticket.when_done(lambda _: self._forget(ticket))
-        self._queue.put(ticket)
+        self._queue.put(self._supersede(ticket))
         return ticket
-
-    def _forget(self, ticket: Ticket) -> None:
-        if self._latest.get(ticket.key) is ticket:
-            self._latest.pop(ticket.key, None)
 
     def _serve(self) -> None:
         while True:
