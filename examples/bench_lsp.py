@@ -128,27 +128,56 @@ def terminate(process: subprocess.Popen) -> float:
     return rss
 
 
-class Service:
-    """`llada-lsp engine` on a socket of its own, with the in-process server's model and threads; its
-    log (one line per job) is kept for the job times."""
+class EngineService:
+    """`llada-lsp engine` on a socket of its own (`--threads`, and `--model`, `--device`, `--dtype` where
+    `args` has them, then `flags`), its stderr (and stdout: `stdout_to_log`) in a log beside the socket.
+    Shared by the examples that start a service (bench_serve.py, soak.py)."""
 
-    def __init__(self, args):
+    late = "the engine service did not start"  # what not listening within the timeout is called
+
+    def __init__(self, args, flags: list[str] | tuple[str, ...] = (), stdout_to_log: bool = True):
         self.folder = Path(tempfile.mkdtemp(prefix="ll", dir="/tmp"))  # a Unix socket path is ~100 bytes at most
         self.socket = self.folder / "engine.sock"
         self.address = f"unix:{self.socket}"
         self.log = self.folder / "engine.log"
         command = [sys.executable, "-m", "llada_lsp", "engine", "--listen", self.address, "--threads", str(args.threads)]
+        for name in ("model", "device", "dtype"):
+            if getattr(args, name, None):
+                command += [f"--{name}", getattr(args, name)]
+        self.command = [*command, *flags]
         with self.log.open("w") as log:
-            self.process = subprocess.Popen([*command, *model_args(args)], stdin=subprocess.DEVNULL, stderr=log)
-        self.rss = float("nan")
+            stdout = log if stdout_to_log else None
+            self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=stdout, stderr=log)
+
+    def failure(self, what: str) -> Exception:
+        """The error raised when the service would not start: `what`, and the tail of its log."""
+        return RuntimeError(f"{what}:\n{self.log.read_text()[-2000:]}")
 
     async def listening(self, timeout: float = 120.0) -> None:
         """Returns once the socket is there (the model may still be loading: requests wait for it)."""
         deadline = time.monotonic() + timeout
         while not self.socket.exists():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the engine service did not start:\n{self.log.read_text()[-2000:]}")
+            if self.process.poll() is not None:
+                raise self.failure("the engine service did not start")
+            if time.monotonic() > deadline:
+                raise self.failure(self.late.format(timeout=timeout))
             await asyncio.sleep(0.05)
+
+    def stop(self) -> float:
+        """SIGTERM (a kill if it does not stop in 30 s), and its folder removed; its RSS just before, in
+        MiB (NaN if it had already ended)."""
+        rss = terminate(self.process)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        return rss
+
+
+class Service(EngineService):
+    """The engine service beside the in-process server, with its model and threads; its log (one line
+    per job) is kept for the job times."""
+
+    def __init__(self, args):
+        super().__init__(args, stdout_to_log=False)
+        self.rss = float("nan")
 
     def stop(self) -> list[float]:
         """SIGTERM; the seconds of each infill job it ran, in order."""

@@ -48,17 +48,14 @@ import asyncio
 import json
 import os
 import shlex
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_lsp import RECORDING, Keystroke, quantile, replay, terminate  # noqa: E402  (the examples folder)
+from bench_lsp import RECORDING, EngineService, Keystroke, quantile, replay  # noqa: E402  (the examples folder)
 
 from llada_lsp import wire  # noqa: E402
 from llada_lsp.completion.pipeline import CHARS_PER_TOKEN, CONTEXT_TOKENS, MAX_TOKENS, window  # noqa: E402
@@ -111,23 +108,17 @@ class Row:
     def p(self, q: float) -> float | None:
         return quantile(self.latencies, q)
 
+    def record(self, sent: float, done: wire.Done) -> None:
+        """One answer: its time from `sent` (perf_counter) to now, and its tokens."""
+        self.latencies.append(time.perf_counter() - sent)
+        self.answered += 1
+        self.tokens += getattr(done, "tokens", 0)  # an older wire module has no tokens
 
-class Service:
-    """`llada-lsp engine` on a socket of its own, with the row's flags; its stderr goes to a log."""
 
-    def __init__(self, args, flags: list[str]):
-        self.folder = Path(tempfile.mkdtemp(prefix="ll", dir="/tmp"))  # a Unix socket path is ~100 bytes at most
-        self.socket = self.folder / "engine.sock"
-        self.address = f"unix:{self.socket}"
-        self.log = self.folder / "engine.log"
-        command = [sys.executable, "-m", "llada_lsp", "engine", "--listen", self.address]
-        command += ["--threads", str(args.threads)]
-        for name in ("model", "device", "dtype"):
-            if getattr(args, name):
-                command += [f"--{name}", getattr(args, name)]
-        self.command = [*command, *flags]
-        with self.log.open("w") as log:
-            self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+class Service(EngineService):
+    """`llada-lsp engine` on a socket of its own, with the row's flags; its stdout and stderr go to a log."""
+
+    late = "the engine service did not listen within {timeout:.0f} s"
 
     def failure(self, what: str) -> ServiceFailed:
         """An error that says what went wrong, with the service's exit status and the tail of its log."""
@@ -139,12 +130,7 @@ class Service:
     async def ready(self) -> EngineClient:
         """A connection to the service once its model is loaded (state "ready")."""
         deadline = time.monotonic() + READY_TIMEOUT
-        while not self.socket.exists():
-            if self.process.poll() is not None:
-                raise self.failure("the engine service did not start")
-            if time.monotonic() > deadline:
-                raise self.failure(f"the engine service did not listen within {READY_TIMEOUT:.0f} s")
-            await asyncio.sleep(0.05)
+        await self.listening(READY_TIMEOUT)
         try:
             client = await EngineClient.connect(self.address, "bench_serve status", timeout=30)
             while True:
@@ -159,18 +145,18 @@ class Service:
         except (EngineFailure, TimeoutError) as err:
             raise self.failure(f"the engine service did not answer: {err}") from None
 
-    def stop(self) -> float:
-        """SIGTERM (a kill if it does not stop in 30 s); its RSS just before, in MiB."""
-        rss = terminate(self.process)
-        shutil.rmtree(self.folder, ignore_errors=True)
-        return rss
-
 
 def request(client: EngineClient, text: str, cursor: int, args, max_tokens: int | None = None) -> wire.Infill:
     """The infill a front sends for a cursor in a document: the window around it, cut as the front cuts it."""
     before, after = window(text, cursor, cursor, args.context_tokens * CHARS_PER_TOKEN)
     tokens = max_tokens or args.max_tokens
     return wire.Infill(client.next_id(), "bench", before, after, args.mode, tokens, args.context_tokens)
+
+
+async def warm_up(client: EngineClient, args) -> None:
+    """A request of a few tokens, on text of its own, before the clock starts (under one cache block:
+    no prefix-cache lookups counted)."""
+    await asyncio.wait_for(client.infill(request(client, "x = ", 4, args, max_tokens=8)), ANSWER_TIMEOUT)
 
 
 async def editor(service: Service, client: EngineClient, keys: list[Keystroke], order: list[int], args, row: Row) -> None:
@@ -191,9 +177,7 @@ async def editor(service: Service, client: EngineClient, keys: list[Keystroke], 
                 raise service.failure(f"{name} lost the engine service: {err}") from None
             row.failed[err.kind] = row.failed.get(err.kind, 0) + 1
             continue
-        row.latencies.append(time.perf_counter() - sent)
-        row.answered += 1
-        row.tokens += getattr(done, "tokens", 0)  # an older wire module has no tokens
+        row.record(sent, done)
         typed.append(index)
         print(f"\r  {row.answered + sum(row.failed.values())} answered", end="", file=sys.stderr, flush=True)
 
@@ -207,9 +191,8 @@ async def run_row(spec: RowSpec, keys: list[Keystroke], args, alone: Row | None 
     try:
         monitor = await service.ready()
         try:
-            warm = request(monitor, "x = ", 4, args, max_tokens=8)  # under one cache block: no lookups counted
             try:
-                await asyncio.wait_for(monitor.infill(warm), ANSWER_TIMEOUT)
+                await warm_up(monitor, args)
                 before = await asyncio.wait_for(monitor.status(), 30)
             except (EngineFailure, TimeoutError) as err:
                 raise service.failure(f"the warm-up request failed: {err!r}") from None
@@ -263,7 +246,7 @@ async def run_paired_cache(keys: list[Keystroke], args) -> list[Row]:
     try:
         for service in services:
             clients.append(await service.ready())
-            await asyncio.wait_for(clients[-1].infill(request(clients[-1], "x = ", 4, args, max_tokens=8)), ANSWER_TIMEOUT)
+            await warm_up(clients[-1], args)
         started = time.perf_counter()
         for j in range(args.paired_limit):
             key = keys[j % len(keys)]
@@ -274,9 +257,7 @@ async def run_paired_cache(keys: list[Keystroke], args) -> list[Row]:
                                                   ANSWER_TIMEOUT)  # fmt: skip
                 except (EngineFailure, TimeoutError) as err:
                     raise services[i].failure(f"keystroke {j}: {err!r}") from None
-                rows[i].latencies.append(time.perf_counter() - sent)
-                rows[i].answered += 1
-                rows[i].tokens += getattr(done, "tokens", 0)
+                rows[i].record(sent, done)
             print(f"\r  {j + 1}/{args.paired_limit}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
         for row, client in zip(rows, clients):

@@ -25,16 +25,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
-import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_lsp import rss_mib  # noqa: E402  (the examples folder)
+from bench_lsp import EngineService, rss_mib  # noqa: E402  (the examples folder)
 
 SOURCE = (Path(__file__).resolve().parent / "data" / "inventory.py").read_text()
 MALFORMED = {  # what is sent -> the error code a server should answer it with (None: no id to answer)
@@ -45,6 +44,13 @@ MALFORMED = {  # what is sent -> the error code a server should answer it with (
 }
 
 
+class Service(EngineService):
+    """The engine service every front talks to (`--model`, `--threads`)."""
+
+    def failure(self, what: str) -> SystemExit:
+        return SystemExit(f"soak: {what}:\n{self.log.read_text()}")
+
+
 def frame(body: bytes) -> bytes:
     return b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
 
@@ -52,16 +58,15 @@ def frame(body: bytes) -> bytes:
 class Client:
     """One editor: a front process on pipes, its document, and what it asked and got."""
 
-    def __init__(self, name: str, address: str, rng: random.Random, args):
-        self.name, self.address, self.rng, self.args = name, address, rng, args
+    def __init__(self, name: str, address: str, rng: random.Random):
+        self.name, self.address, self.rng = name, address, rng
         self.uri = f"file:///soak/{name}.py"
         self.text, self.version = SOURCE, 1
         self.next_id = 0
-        self.pending: dict[int, tuple[str, float]] = {}  # id -> (method, sent)
-        self.answered: dict[int, asyncio.Future] = {}
+        self.pending: dict[int, tuple[str, asyncio.Future]] = {}  # id -> (method, its answer), until answered
         self.sent = Counter()  # method -> count
         self.outcomes = Counter()  # "result" or the error code (and its kind) -> count
-        self.malformed = Counter()  # kind -> answered as expected
+        self.malformed = Counter()  # the answers to malformed messages: "result" or the error code -> count
         self.proc: asyncio.subprocess.Process | None = None
         self.rss_start = self.rss_end = float("nan")
 
@@ -91,11 +96,11 @@ class Client:
     def ask(self, method: str, params) -> tuple[int, asyncio.Future]:
         self.next_id += 1
         rid = self.next_id
-        self.pending[rid] = (method, time.monotonic())
-        self.answered[rid] = asyncio.get_running_loop().create_future()
+        answer = asyncio.get_running_loop().create_future()
+        self.pending[rid] = (method, answer)
         self.sent[method] += 1
         self.send({"id": rid, "method": method, "params": params})
-        return rid, self.answered[rid]
+        return rid, answer
 
     async def request(self, method: str, params, timeout: float = 300):
         _, answer = self.ask(method, params)
@@ -128,13 +133,11 @@ class Client:
         error = message.get("error")
         key = "result" if error is None else f"error {error.get('code')}"
         if rid in self.pending:
-            del self.pending[rid]
+            _, answer = self.pending.pop(rid)
             self.outcomes[key] += 1
-            self.answered[rid].set_result(message)
-        elif isinstance(rid, int) and rid < 0:  # a malformed message we numbered negative
-            self.malformed[(-rid, key)] += 1
-        else:  # an answer with no id we know: a malformed message's (id null)
-            self.malformed[("null", key)] += 1
+            answer.set_result(message)
+        else:  # a malformed message's: one we numbered negative, or one with no id we know (id null)
+            self.malformed[key] += 1
 
     # --- what an editor does ------------------------------------------------------------------------
     def position(self, offset: int) -> dict:
@@ -215,44 +218,27 @@ class Client:
 
 
 async def soak(args) -> int:
-    folder = Path(tempfile.mkdtemp(prefix="soak", dir="/tmp"))
-    address = f"unix:{folder / 'engine.sock'}"
-    command = [sys.executable, "-m", "llada_lsp", "engine", "--listen", address, "--threads", str(args.threads)]
-    if args.model:
-        command += ["--model", args.model]
-    log = (folder / "engine.log").open("w")
-    service = await asyncio.create_subprocess_exec(*command, stdout=log, stderr=log)
+    service = Service(args)
     clients: list[Client] = []
     try:
-        while not (folder / "engine.sock").exists():
-            if service.returncode is not None:
-                raise SystemExit(f"soak: the engine service did not start:\n{(folder / 'engine.log').read_text()}")
-            await asyncio.sleep(0.05)
+        await service.listening(timeout=math.inf)
         rng = random.Random(args.seed)
-        clients = [Client(f"client{i}", address, random.Random(rng.random()), args) for i in range(args.clients)]
+        clients = [Client(f"client{i}", service.address, random.Random(rng.random())) for i in range(args.clients)]
         await asyncio.gather(*(c.start() for c in clients))
         first = clients[0]  # once this is answered the service has loaded its model: RSS like for like from here
         await first.request("textDocument/inlineCompletion", {"textDocument": {"uri": first.uri},
                             "position": first.position(len(first.text)), "context": {"triggerKind": 2}})  # fmt: skip
-        rss_service_start = rss_mib(service.pid)
+        rss_service_start = rss_mib(service.process.pid)
         until = time.monotonic() + args.minutes * 60
         print(f"{args.clients} clients for {args.minutes:g} minutes against one engine service ...", flush=True)
         await asyncio.gather(*(c.run(until) for c in clients))
-        rss_service_end = rss_mib(service.pid)
+        rss_service_end = rss_mib(service.process.pid)
         missing = {c.name: await c.finish(args.drain) for c in clients}
     finally:
         for c in clients:
             if c.proc is not None and c.proc.returncode is None:
                 c.proc.kill()
-        if service.returncode is None:  # SIGTERM: the service removes its socket and stops
-            service.terminate()
-            try:
-                await asyncio.wait_for(service.wait(), 30)
-            except TimeoutError:
-                service.kill()
-                await service.wait()
-        log.close()
-        shutil.rmtree(folder, ignore_errors=True)
+        service.stop()  # SIGTERM (the service removes its socket and stops), a kill after 30 s
 
     total_missing = sum(len(m) for m in missing.values())
     print(f"\n{'client':<9} {'sent':>6} {'answered':>8} {'unanswered':>10} {'RSS start':>10} {'RSS end':>8}  outcomes")
@@ -268,8 +254,7 @@ async def soak(args) -> int:
     print("\nsent by method: " + ", ".join(f"{m} {n}" for m, n in sorted(sent.items())))
     malformed = Counter()
     for c in clients:
-        for (_, key), n in c.malformed.items():
-            malformed[key] += n
+        malformed.update(c.malformed)
     print("answers to malformed messages: " + (", ".join(f"{k}: {n}" for k, n in sorted(malformed.items())) or "none"))
     for name, m in missing.items():
         for rid, method in m:

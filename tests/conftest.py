@@ -1,5 +1,6 @@
 """Shared fixtures: the golden reference data (in the repository, so a fresh clone runs every parity
-test) and tiny checkpoints of the real architecture."""
+test) and tiny checkpoints of the real architecture. The golden helpers that are plain functions or
+constants (SAMPLE, settings_of, force_moe) are imported as `from conftest import ...`."""
 
 from __future__ import annotations
 
@@ -24,6 +25,50 @@ def golden_dir() -> Path:
 @pytest.fixture(scope="session")
 def golden_generate(golden_dir) -> dict:
     return json.loads((golden_dir / "generate.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def cases(golden_generate) -> dict:
+    """The generate cases by id."""
+    return {c["id"]: c for c in golden_generate["cases"]}
+
+
+@pytest.fixture(scope="module")
+def model64(golden_dir):
+    """The golden checkpoint in float64 on the CPU (one per module)."""
+    import torch  # here, not at the top: see torch_threads
+
+    from llada_lsp import load_model
+
+    return load_model(golden_dir, device="cpu", dtype=torch.float64)
+
+
+# A sample of the generate cases that holds every kind of setting they have (test_golden's
+# `test_the_sample_covers_every_setting_kind` keeps it so), one reason each (block = 32 positions):
+SAMPLE = (
+    "A01_P20_G64_quality",  # quality; prompt tail inside block 0; ends post-step budget, then converged
+    "A06_P32_G64_speed",  # speed (always follow the argmax); the prompt is exactly one block (a prefill)
+    "A13_P45_G64_quality",  # prompt across a block boundary; the output cut right after an EOS
+    "A18_P45_G96_quality_eosstop",  # EOS early stop after the first block (11 forwards instead of 55)
+    "A19_P20_G96_strict_eosstop",  # strict; mostly single-mask fallback steps; EOS stop after 3 of 4 blocks
+    "A21_P45_G64_speed_post2",  # max_post_steps 2: every block ends on the post-step budget
+)
+
+
+def settings_of(engine, case: dict):
+    """The engine's settings for a golden generate case."""
+    from llada_lsp import JointThreshold
+
+    policy = JointThreshold(case["threshold"], case["editing_threshold"])
+    return engine.settings(case["prompt_ids"], case["gen_length"], policy, case["max_post_steps"],
+                           case["eos_early_stop"], case["mask_token_id"], case["eos_token_id"])  # fmt: skip
+
+
+def force_moe(model, mode: str | None) -> None:
+    """Every MoE layer's path forced ("sparse", "dense"), or left to its own choice (None)."""
+    for layer in model.model.layers:
+        if hasattr(layer.mlp, "force"):
+            layer.mlp.force = mode
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import force_moe
 from llada_lsp import Engine, load_model
 from llada_lsp.model import BlockKVCache, llada2
 
@@ -31,12 +32,6 @@ def row_errors(logits: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, t
     """Per row: the largest absolute logit difference, and whether the argmax is the same."""
     logits, ref = logits.double().cpu(), ref.double().cpu()
     return (logits - ref).abs().max(-1).values, logits.argmax(-1) == ref.argmax(-1)
-
-
-def force_moe(model, mode: str | None) -> None:
-    for layer in model.model.layers:
-        if hasattr(layer.mlp, "force"):
-            layer.mlp.force = mode
 
 
 def check_bf16_logits(model, golden_dir, device: str) -> None:
@@ -74,10 +69,10 @@ def check_cache_path(model, golden_dir, device: str) -> None:
     assert agree.float().mean() >= 0.97, agree
 
 
-def check_generation(model, golden_generate) -> None:
-    """A whole bf16 generation (its tokens are not the float64 ones: decisions near a threshold go
-    either way): consistent with itself, no mask left, cut at the first EOS, one draft per forward."""
-    case = next(c for c in golden_generate["cases"] if c["id"] == "A04_P20_G96_quality")
+def check_generation(model, case: dict) -> None:
+    """A whole bf16 generation of golden case A04_P20_G96_quality (its tokens are not the float64 ones:
+    decisions near a threshold go either way): consistent with itself, no mask left, cut at the first
+    EOS, one draft per forward."""
     gen = Engine(model).generation(case["prompt_ids"], case["gen_length"], "quality", mask_id=511, eos_id=508)
     drafts = list(gen)
     r = gen.result
@@ -110,15 +105,15 @@ def test_bf16_keeps_its_float32_islands(golden_dir):
     assert cos.dtype == torch.bfloat16 and (cos.double() - exact_cos).abs().max() <= 2**-8  # bf16's own rounding
 
 
-def test_bf16_cache_path_and_generation_on_cpu(golden_dir, golden_generate):
+def test_bf16_cache_path_and_generation_on_cpu(golden_dir, cases):
     model = load_model(golden_dir, device="cpu", dtype="bfloat16")
     check_cache_path(model, golden_dir, "cpu")
-    check_generation(model, golden_generate)
+    check_generation(model, cases["A04_P20_G96_quality"])
 
 
 @needs_cuda
 @pytest.mark.parametrize("attention", ["sdpa", "flash"])
-def test_bf16_on_cuda(golden_dir, golden_generate, attention, monkeypatch):
+def test_bf16_on_cuda(golden_dir, cases, attention, monkeypatch):
     if attention == "flash" and llada2.flash_attn_func is None:
         pytest.skip("flash-attn is not installed")
     if attention == "sdpa":
@@ -131,4 +126,4 @@ def test_bf16_on_cuda(golden_dir, golden_generate, attention, monkeypatch):
     with torch.no_grad():
         err, agree = row_errors(model(ids.cuda())[0], cpu(ids)[0])
     assert err.median() <= 0.25 and agree.float().mean() >= 0.95, err  # the same network on both devices
-    check_generation(model, golden_generate)
+    check_generation(model, cases["A04_P20_G96_quality"])

@@ -174,8 +174,8 @@ def test_fp8_meets_the_bar_on_a_random_layer_at_cut_down_mini_shapes():
     assert bench.meets_bar(f), f
 
 
-def test_an_fp8_model_generates(golden_fp8, golden_generate):
-    case = next(c for c in golden_generate["cases"] if c["id"] == "A06_P32_G64_speed")
+def test_an_fp8_model_generates(golden_fp8, cases):
+    case = cases["A06_P32_G64_speed"]
     result = Engine(golden_fp8).generation(case["prompt_ids"], case["gen_length"], "speed", mask_id=511,
                                            eos_id=508).run()  # fmt: skip
     assert result.steps > 0 and 0 < len(result.tokens) <= case["gen_length"] and 511 not in result.tokens

@@ -17,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import SAMPLE, force_moe, settings_of  # the sample: conftest says why each case is in it
 from llada_lsp import Engine, JointThreshold, generate, load_model
 from llada_lsp.engine.policy import PRESETS
 
@@ -24,17 +25,6 @@ from llada_lsp.engine.policy import PRESETS
 # below then still fail, through conftest's `golden_dir` (a broken checkout fails, never skips).
 _GENERATE = Path(__file__).resolve().parent / "golden" / "llada2-tiny" / "generate.json"
 CASE_IDS = [c["id"] for c in json.loads(_GENERATE.read_text())["cases"]] if _GENERATE.is_file() else ["missing"]
-
-# The sample, one reason each (block = 32 positions):
-SAMPLE = (
-    "A01_P20_G64_quality",  # quality; prompt tail inside block 0; ends post-step budget, then converged
-    "A06_P32_G64_speed",  # speed (always follow the argmax); the prompt is exactly one block (a prefill)
-    "A13_P45_G64_quality",  # prompt across a block boundary; the output cut right after an EOS
-    "A18_P45_G96_quality_eosstop",  # EOS early stop after the first block (11 forwards instead of 55)
-    "A19_P20_G96_strict_eosstop",  # strict; mostly single-mask fallback steps; EOS stop after 3 of 4 blocks
-    "A21_P45_G64_speed_post2",  # max_post_steps 2: every block ends on the post-step budget
-)
-
 
 def sample_then_rest():
     """Every case; those outside the sample are slow (they only repeat what the sample covers)."""
@@ -47,28 +37,12 @@ def one_thread(one_thread_per_module):
 
 
 @pytest.fixture(scope="module")
-def model64(golden_dir):
-    return load_model(golden_dir, device="cpu", dtype=torch.float64)
-
-
-@pytest.fixture(scope="module")
 def model32(golden_dir):
     return load_model(golden_dir, device="cpu", dtype=torch.float32)
 
 
-@pytest.fixture(scope="module")
-def cases(golden_generate) -> dict:
-    return {c["id"]: c for c in golden_generate["cases"]}
-
-
 def forward_cases(golden_dir):
     return json.loads((golden_dir / "forward.json").read_text())["cases"]
-
-
-def force_moe(model, mode: str | None) -> None:
-    for layer in model.model.layers:
-        if hasattr(layer.mlp, "force"):
-            layer.mlp.force = mode
 
 
 @pytest.mark.parametrize("moe", ["sparse", "dense"])
@@ -207,12 +181,6 @@ def test_public_generate_api(model64, cases):
 
 
 # --- many sequences at once: the scheduler's batches must not change a single decision ---------------
-def settings_of(engine, case):
-    policy = JointThreshold(case["threshold"], case["editing_threshold"])
-    return engine.settings(case["prompt_ids"], case["gen_length"], policy, case["max_post_steps"],
-                           case["eos_early_stop"], case["mask_token_id"], case["eos_token_id"])  # fmt: skip
-
-
 def run_batch(engine, arrivals: list[tuple[int, dict]]) -> dict:
     """Adds each case at its step (0: before the first) and steps until all are done; per case id its
     result, drafts, and the largest batch it ran in. Checks that a finished sequence leaves at once."""

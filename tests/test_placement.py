@@ -7,23 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llada_lsp import CheckpointError, Engine, JointThreshold, load_model
+from conftest import SAMPLE, settings_of  # the golden sample: every kind of setting
+from llada_lsp import CheckpointError, Engine, load_model
 from llada_lsp.errors import DoesNotFit
 from llada_lsp.model import llada2, plan
 from llada_lsp.model.plan import make_plan
-
-SAMPLE = ("A01_P20_G64_quality", "A06_P32_G64_speed", "A13_P45_G64_quality", "A18_P45_G96_quality_eosstop",
-          "A19_P20_G96_strict_eosstop", "A21_P45_G64_speed_post2")  # test_golden's sample: every kind of setting
 
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread(one_thread_per_module):
     """One torch thread for the module (conftest.torch_threads says why)."""
-
-
-@pytest.fixture(scope="module")
-def whole(golden_dir):
-    return load_model(golden_dir, device="cpu", dtype=torch.float64)
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +38,9 @@ def hand_offs(monkeypatch) -> list[int]:
     return seen
 
 
-def settings(engine, case):
-    policy = JointThreshold(case["threshold"], case["editing_threshold"])
-    return engine.settings(case["prompt_ids"], case["gen_length"], policy, case["max_post_steps"],
-                           case["eos_early_stop"], case["mask_token_id"], case["eos_token_id"])  # fmt: skip
-
-
 def run(model, case):
     engine = Engine(model)
-    gen = engine.start(settings(engine, case))
+    gen = engine.start(settings_of(engine, case))
     drafts = [(d.block, d.block_tokens) for d in gen]
     return engine, gen.result, drafts
 
@@ -67,9 +54,9 @@ def test_the_split_follows_the_plan(golden_dir, split):
 
 
 @pytest.mark.parametrize("case_id", SAMPLE)
-def test_two_slots_give_the_unsplit_tokens(whole, split, golden_generate, hand_offs, case_id):
-    case = next(c for c in golden_generate["cases"] if c["id"] == case_id)
-    _, expected, expected_drafts = run(whole, case)
+def test_two_slots_give_the_unsplit_tokens(model64, split, cases, hand_offs, case_id):
+    case = cases[case_id]
+    _, expected, expected_drafts = run(model64, case)
     assert hand_offs == []  # one device: no hand-off
     forwards = []
     hook = split.register_forward_pre_hook(lambda *_: forwards.append(1))
@@ -83,13 +70,13 @@ def test_two_slots_give_the_unsplit_tokens(whole, split, golden_generate, hand_o
     assert isinstance(engine.cache.k, list) and len(engine.cache.k) == 3  # a page pool per layer
 
 
-def test_batched_decoding_across_the_split(whole, split, golden_generate):
+def test_batched_decoding_across_the_split(split, golden_generate):
     """All 22 cases as one batch on the split model: the reference's tokens, as on one device."""
     cases = golden_generate["cases"]
     engine = Engine(split, max_batch=len(cases))
     scheduler, names, results = engine.scheduler, {}, {}
     for case in cases:
-        names[scheduler.add(settings(engine, case))] = case["id"]
+        names[scheduler.add(settings_of(engine, case))] = case["id"]
     while not scheduler.idle():
         for event in scheduler.step():
             if event.result is not None:
@@ -99,11 +86,11 @@ def test_batched_decoding_across_the_split(whole, split, golden_generate):
         assert results[case["id"]].tokens == case["output_ids"], case["id"]
 
 
-def test_more_devices_than_layers_hand_off_before_the_head(golden_dir, golden_generate, hand_offs):
+def test_more_devices_than_layers_hand_off_before_the_head(golden_dir, cases, hand_offs):
     """Five slots for embedding, 3 layers and head: a hop before every layer and before the head."""
     model = load_model(golden_dir, devices=["cpu"] * 5, dtype=torch.float64)
     assert sorted(model.hops) == [0, 1, 2, 3]
-    case = next(c for c in golden_generate["cases"] if c["id"] == "A06_P32_G64_speed")
+    case = cases["A06_P32_G64_speed"]
     _, result, _ = run(model, case)
     assert result.tokens == case["output_ids"]
     assert 1 in hand_offs  # the hop before the head carries the activations alone

@@ -17,7 +17,6 @@ import argparse
 import functools
 import json
 import os
-import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -25,8 +24,11 @@ from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
+import torch
+
+from ..completion import pipeline
 from . import corpus
-from .eval_infill import TASK_KINDS, Task, make_tasks, paired, sign_test
+from .eval_infill import TASK_KINDS, Task, answer, make_tasks, paired, sign_test
 
 SPLITS = {"stdlib": "heldout", "thirdparty": "heldout-thirdparty"}  # evaluation split -> corpus split
 MAX_WEIGHT_BYTES = 25_000_000  # the package's cap on the embedded model's bf16 weights
@@ -61,13 +63,12 @@ def trained_seconds(out: Path) -> float:
     state = out / "state.pt"
     if not state.is_file():
         return 0.0
-    import torch
-
-    return float(torch.load(state, map_location="cpu", weights_only=False).get("seconds", 0.0))
+    # mmap: only the pickled dict is read, not the weights and optimizer state beside the figure
+    return float(torch.load(state, map_location="cpu", weights_only=False, mmap=True).get("seconds", 0.0))
 
 
 def train_phase(args: argparse.Namespace, extra: list[str]) -> None:
-    from .train import train_main
+    from .train import copy_tokenizer, train_main
 
     budget = args.minutes * 60
     if (done := trained_seconds(args.out)) >= budget:
@@ -75,8 +76,7 @@ def train_phase(args: argparse.Namespace, extra: list[str]) -> None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
     if not (args.out / "tokenizer.json").is_file():  # v1's vocabulary: the two models stay comparable
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(args.baseline / name, args.out / name)
+        copy_tokenizer(args.baseline, args.out)
     recipe = RECIPES[args.recipe] + (["--init-from", str(args.baseline)] if args.recipe == "warm" else [])
     argv = ["--out", str(args.out), "--corpus", str(args.corpus / corpus.SPLIT_FILES["train"]),
             "--hours", str(args.minutes / 60), "--export", str(args.out / "export"), "--device", args.device,
@@ -84,8 +84,6 @@ def train_phase(args: argparse.Namespace, extra: list[str]) -> None:
     print("training: llada-lsp train " + " ".join(argv), flush=True)
     if train_main(argv) != 0:
         raise SystemExit("training failed")
-    import torch
-
     if torch.cuda.is_available():  # the evaluation processes need the memory training's allocator holds
         torch.cuda.empty_cache()
 
@@ -103,8 +101,6 @@ def split_tasks(tasks_file: str, n: int, n_other: int, seed: int) -> tuple[Task,
 
 @functools.lru_cache(maxsize=2)  # the shipped model and the candidate
 def _loaded(path: str, device: str, threads: int):
-    from ..completion import pipeline
-
     # On a GPU the engine's default K/V pool is a quarter of the free memory: far too much for the
     # parallel evaluation processes; 256 MB holds many 512-position sequences of these small models.
     cache_mb = 256.0 if device.startswith("cuda") else None
@@ -114,8 +110,6 @@ def _loaded(path: str, device: str, threads: int):
 
 def evaluate(unit: Unit) -> dict:
     """One unit's answers (in task order) and its scores per kind; runs in a worker process or here."""
-    from .eval_infill import answer
-
     model = _loaded(unit.path, unit.device, unit.threads)
     tasks = split_tasks(unit.tasks_file, unit.n, unit.n_other, unit.seed)
     started, answers, scores = time.time(), [""] * len(tasks), {}
@@ -135,8 +129,6 @@ def eval_phase(args: argparse.Namespace) -> dict:
     if "speed" not in modes:
         raise SystemExit("--modes must include speed (the rule is decided in speed mode)")
     if args.eval_device == "auto":
-        import torch
-
         args.eval_device = "cuda" if torch.cuda.is_available() else "cpu"
     cores = os.cpu_count() or 1
     threads = max(1, cores // max(args.jobs, 1))

@@ -169,10 +169,12 @@ def licence_of_file(text: str) -> set[str]:
     return {fam for fam, pats in LICENCES.items() if re.search(pats[3], text, re.IGNORECASE)}
 
 
-def read_sdist(sdist: Path, name: str, max_bytes: int = MAX_FILE_BYTES) -> tuple[Package, list[SourceFile], int]:
+def read_sdist(sdist: Path, name: str, max_bytes: int = MAX_FILE_BYTES,
+               sha256: str | None = None) -> tuple[Package, list[SourceFile], int]:  # fmt: skip
     """What an sdist holds for the corpus: its manifest entry (licence read from its PKG-INFO and
     confirmed by its licence file), its kept `.py` files, and how many were refused for a licence of
-    their own. Raises CorpusError when the sdist has no accepted licence or no licence file."""
+    their own. Raises CorpusError when the sdist has no accepted licence or no licence file.
+    `sha256`: the sdist's, already verified (else it is computed here)."""
     pkg_info, licence_files, py = None, {}, []
     for rel, data in _members(sdist):
         if rel == "PKG-INFO":
@@ -209,7 +211,7 @@ def read_sdist(sdist: Path, name: str, max_bytes: int = MAX_FILE_BYTES) -> tuple
             refused += 1
             continue
         files.append(SourceFile(f"pypi/{name}/{rel}", text))
-    package = Package(name, version, stated, family, licence_file, sdist.name, sha256_of(sdist), len(files),
+    package = Package(name, version, stated, family, licence_file, sdist.name, sha256 or sha256_of(sdist), len(files),
                       sum(len(f.text.encode()) for f in files))
     return package, files, refused
 
@@ -276,10 +278,9 @@ def fetch(package: Package, cache: Path, download: Downloader | None = pip_downl
 
 
 def package_files(package: Package, sdist: Path) -> list[SourceFile]:
-    """The kept files of a fetched sdist, checked against what the manifest recorded."""
-    if sha256_of(sdist) != package.sha256:
-        raise CorpusError(f"{sdist}: sha256 differs from the manifest's: refused")
-    read, files, _ = read_sdist(sdist, package.name)
+    """The kept files of the sdist `fetch` returned (its sha256 verified there), checked against what
+    the manifest recorded."""
+    read, files, _ = read_sdist(sdist, package.name, sha256=package.sha256)
     if read.license_family != package.license_family:
         raise CorpusError(f"{package.sdist}: licence read as {read.license!r}, the manifest says {package.license!r}")
     if (read.files, read.bytes) != (package.files, package.bytes):
@@ -304,6 +305,12 @@ def load(path: Path) -> list[SourceFile]:
         return [SourceFile(**json.loads(line)) for line in f if line.strip()]
 
 
+def write(files: list[SourceFile], path: Path, log: Callable[[str], None] = print, label: str = "") -> None:
+    """`dump`, then one line on what was written."""
+    dump(files, path)
+    log(f"{label}{len(files)} files, {sum(len(f.text) for f in files) / 1e6:.1f} M characters -> {path}")
+
+
 def split_paths(cache: Path) -> dict[str, Path]:
     return {split: cache / name for split, name in SPLIT_FILES.items()}
 
@@ -326,8 +333,7 @@ def build(cache: Path, manifest: Path = MANIFEST, download: Downloader | None = 
     }
     paths = split_paths(cache)
     for split, files in splits.items():
-        dump(files, paths[split])
-        log(f"{split}: {len(files)} files, {sum(len(f.text) for f in files) / 1e6:.1f} M characters -> {paths[split]}")
+        write(files, paths[split], log, f"{split}: ")
     return paths
 
 
@@ -359,9 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("split", choices=("train", "heldout"))
         ap.add_argument("out", type=Path, help="output file (.jsonl.gz)")
         args = ap.parse_args(argv)
-        files = iter_files(args.split)
-        dump(files, args.out)
-        print(f"{len(files)} files, {sum(len(f.text) for f in files) / 1e6:.1f} M characters -> {args.out}")
+        write(iter_files(args.split), args.out)
         return 0
     ap = argparse.ArgumentParser(
         prog="python -m llada_lsp.training.corpus",

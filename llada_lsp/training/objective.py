@@ -101,7 +101,7 @@ class SampleStream:
 
     def __init__(self, texts: list[str], tokenizer, seed: int, window_chars: int = 1400, max_eos_run: int = 40,
                  hole_weights: tuple[float, ...] = HOLE_WEIGHTS):
-        self.texts, self.tok, self.window, self.max_eos_run = texts, tokenizer, window_chars, max_eos_run
+        self.texts, self.window, self.max_eos_run = texts, window_chars, max_eos_run
         self.hole_weights = hole_weights
         self.rng = random.Random(seed)
         # The server's codec: source text that holds "<|endoftext|>" is trained on as the literal text
@@ -115,7 +115,8 @@ class SampleStream:
 
     def fim(self, prefix: str, middle: str, suffix: str) -> list[int]:
         """The FIM layout of one hole: the server's prompt for a cursor after `prefix`, then the middle."""
-        return fim_ids(self.encode(prefix), self.encode(suffix), self.encode(middle), self.special)
+        prefix_ids, suffix_ids, middle_ids = self.codec.encode_batch([prefix, suffix, middle])  # one tokenizer call
+        return fim_ids(prefix_ids, suffix_ids, middle_ids, self.special)
 
     def sample(self) -> list[int]:
         text = self.rng.choices(self.texts, weights=self.weights)[0]

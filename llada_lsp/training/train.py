@@ -69,6 +69,12 @@ def balance_experts(model: LLaDA2, rate: float = 1e-3) -> None:
             bias.data += rate * torch.sign(load.float().mean() - load.float())
 
 
+def copy_tokenizer(src: Path, out: Path) -> None:
+    """The tokenizer files of the model folder `src` into `out` (a run that keeps that vocabulary)."""
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, out / name)
+
+
 def get_tokenizer(out: Path, train_texts: list[str], vocab_size: int):
     if (out / "tokenizer.json").is_file():
         from transformers import AutoTokenizer
@@ -135,8 +141,7 @@ def train_main(argv: list[str] | None = None) -> int:
     files = (corpus.load(args.corpus) if args.corpus else corpus.iter_files("train"))[: args.corpus_limit]
     texts = [f.text for f in files]
     if args.init_from and not (args.out / "tokenizer.json").is_file():  # the weights' own tokenizer
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(args.init_from / name, args.out / name)
+        copy_tokenizer(args.init_from, args.out)
     tok = get_tokenizer(args.out, texts, args.vocab_size)
     special = SpecialIds.from_tokenizer(tok)
 
