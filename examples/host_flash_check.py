@@ -6,7 +6,7 @@ torch.cuda.memory_allocated (weights, then the K/V cache of --context tokens), a
 Prints one summary line; exit status 0 when the plan is within 5% of what was allocated, 1 when it is
 not, 2 without a CUDA device (nothing to check here). The weights are drawn on the device: flash in
 FP8 is ~104 GB, more than a disk of test data should hold, so no checkpoint file is written; the
-tensors get the dtypes load_model gives them (loader.tensor_dtype).
+tensors get the dtypes load_model gives them (loader.tensor_dtype, through bench.random_weights).
 
 Usage: python examples/host_flash_check.py [--device cuda:0] [--context 4096] [--layers 32]
 """
@@ -22,41 +22,17 @@ from pathlib import Path
 import torch
 
 FLASH = Path(__file__).resolve().parents[1] / "tests" / "data" / "configs" / "llada2.1-flash.json"
-CHUNK = 32  # experts quantized at once while drawing: bounds the float32 temporaries to a few GB
 BLOCK = 32  # queries of one denoising step
 
 
 def build(raw: dict, device: torch.device):
-    """The network at `raw`'s shapes on `device`, bf16 with FP8 routed experts, weights ~ N(0, 0.02)."""
-    from llada_lsp.model import LLaDA2, LLaDA2Config, fp8
-    from llada_lsp.model.loader import tensor_dtype
+    """The network at `raw`'s shapes on `device`, bf16 with FP8 routed experts (128x128 block scales), random
+    weights drawn on the device as `llada-lsp bench --shape` draws them (commands/bench.random_weights)."""
+    from llada_lsp.commands.bench import random_weights
+    from llada_lsp.model import LLaDA2Config, fp8
 
     config = LLaDA2Config(**raw, quantization_config=dict(fp8.QUANTIZATION_CONFIG))
-    with torch.device("meta"):
-        model = LLaDA2(config)
-    state: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        for name, like in model.state_dict().items():
-            if name in state:  # a block scale, drawn with its weight
-                continue
-            if like.dtype == fp8.FP8:  # [E, out, in]: drawn in bf16 a chunk of experts at a time, then quantized
-                weight = torch.empty(like.shape, dtype=fp8.FP8, device=device)
-                scale = torch.empty(like.shape[0], fp8.tiles(like.shape[1]), fp8.tiles(like.shape[2]), device=device)
-                for lo in range(0, like.shape[0], CHUNK):
-                    drawn = torch.randn(min(CHUNK, like.shape[0] - lo), *like.shape[1:], device=device,
-                                        dtype=torch.bfloat16) * 0.02  # fmt: skip
-                    weight[lo : lo + CHUNK], scale[lo : lo + CHUNK] = fp8.quantize(drawn)
-                state[name], state[f"{name}_scale_inv"] = weight, scale
-                continue
-            held_as = tensor_dtype(name, torch.bfloat16, like.dtype)
-            if name.endswith("norm.weight"):
-                state[name] = torch.ones(like.shape, dtype=held_as, device=device)
-            elif name.endswith("expert_bias"):
-                state[name] = torch.zeros(like.shape, dtype=held_as, device=device)
-            else:
-                state[name] = torch.randn(like.shape, dtype=held_as, device=device) * 0.02
-    model.load_state_dict(state, assign=True)
-    return model.eval().requires_grad_(False)
+    return random_weights(config, device, torch.bfloat16, seed=0)
 
 
 def main() -> int:

@@ -157,27 +157,23 @@ def random_weights(config: LLaDA2Config, device: torch.device, dtype: torch.dtyp
     return model.eval().requires_grad_(False)
 
 
-def weight_bytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def step_bytes(model: LLaDA2, touched: list[int], batch: int, context: int) -> tuple[int, int]:
     """Bytes one step must read -> (all of them, one MoE layer's on average): every layer's attention
     and norms, the dense MLPs, the routers, shared experts and the experts the block touched (with
     their scales), the K/V cache up to the block, the final norm and lm_head."""
     per_moe, total = [], 0
-    moe_layers = [layer for layer in model.model.layers if hasattr(layer.mlp, "experts")]
+    touched_by_moe_layer = iter(touched)  # one count per MoE layer, in order
     for layer in model.model.layers:
         mlp = layer.mlp
-        n = sum(weight_bytes(p) for p in layer.parameters())
+        n = sum(p.nbytes for p in layer.parameters())
         if hasattr(mlp, "experts"):
-            experts = sum(weight_bytes(p) for p in mlp.experts.parameters())
-            n += experts * (touched[moe_layers.index(layer)] / mlp.experts.w_gate.shape[0] - 1)
+            experts = sum(p.nbytes for p in mlp.experts.parameters())
+            n += experts * (next(touched_by_moe_layer) / mlp.experts.w_gate.shape[0] - 1)
             per_moe.append(n)
         total += n
     c = model.config
     kv = 2 * c.num_key_value_heads * c.head_dim * (context + BLOCK) * model.dtype.itemsize * batch
-    total += c.num_hidden_layers * kv + weight_bytes(model.lm_head.weight) + weight_bytes(model.model.norm.weight)
+    total += c.num_hidden_layers * kv + model.lm_head.weight.nbytes + model.model.norm.weight.nbytes
     return int(total), int(sum(per_moe) / max(1, len(per_moe))) + kv
 
 
@@ -308,7 +304,8 @@ def step_main(argv: list[str]) -> int:
     total, per_layer = step_bytes(model, touched, B, S)
     extra = full - config.num_hidden_layers
     peak = peak_gbs(device, args.peak_gbs)
-    moe = "fused (Triton)" if kernels.enabled(x) else "dense" if device.type == "cuda" and B * BLOCK <= 64 else "sparse"
+    moe = last.mlp.mode(x)  # SparseMoE's own rule: the Experts path this step's blocks take
+    moe = "fused (Triton)" if moe == "fused" else moe
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"{args.shape}: {name}, {args.dtype}{', FP8 experts' if args.quantize else ''}, MoE {moe}, step rule "
           f"{'fused (Triton)' if fused_rule else 'torch'}, {'CUDA graph' if graph else 'eager'}; batch {B} x {BLOCK} "

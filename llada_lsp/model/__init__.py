@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 _LAZY = {
     "LLaDA2Config": ".config", "LLaDA2": ".llada2", "BlockKVCache": ".llada2", "block_causal_mask": ".llada2",
-    "EMBEDDED_MODEL": ".loader", "CheckpointError": ".loader", "load_model": ".loader",
+    "EMBEDDED_MODEL": ".files", "CheckpointError": "..errors", "load_model": ".loader",
     "load_tokenizer": ".loader", "save_model": ".loader",
 }  # fmt: skip
 __all__ = list(_LAZY)
@@ -19,12 +19,18 @@ __all__ = list(_LAZY)
 if TYPE_CHECKING:  # what type checkers and IDEs see
     from .config import LLaDA2Config
     from .llada2 import LLaDA2, BlockKVCache, block_causal_mask
-    from .loader import EMBEDDED_MODEL, CheckpointError, load_model, load_tokenizer, save_model
+    from ..errors import CheckpointError
+    from .files import EMBEDDED_MODEL
+    from .loader import load_model, load_tokenizer, save_model
 
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
+    globals()[name] = value  # later look-ups skip this function
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -8,27 +8,8 @@ from __future__ import annotations
 
 from transformers import AutoConfig, PretrainedConfig
 
-# The sizes the network is built from; checked before anything is built, since a division by zero or a
-# negative width would surface as an error far from the key that caused it.
-SIZE_KEYS = (
-    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-    "intermediate_size", "moe_intermediate_size", "num_experts", "num_experts_per_tok", "num_shared_experts",
-    "n_group", "topk_group", "first_k_dense_replace", "rotary_dim", "max_position_embeddings",
-)  # fmt: skip
-MAY_BE_ZERO = frozenset({"num_shared_experts", "first_k_dense_replace", "rotary_dim"})
-
-
-def check_sizes(values: dict) -> None:
-    """Raise ValueError naming the first size in `values` (a config or config.json's raw keys) that is
-    not a whole number of the right sign. None stands for a size derived from the others."""
-    for key in SIZE_KEYS:
-        value = values.get(key)
-        if value is None and key in ("head_dim", "rotary_dim"):
-            continue
-        # bool is an int to Python; `true` for a size is a typo, not 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key in MAY_BE_ZERO else 1):
-            least = "a non-negative" if key in MAY_BE_ZERO else "a positive"
-            raise ValueError(f"{key}: {value!r} is not {least} integer")
+# The size check lives in the torch-free files.py (`llada-lsp plan` runs it too); re-exported here.
+from .files import MAY_BE_ZERO, SIZE_KEYS, check_sizes  # noqa: F401
 
 
 class LLaDA2Config(PretrainedConfig):

@@ -15,15 +15,16 @@ from typing import Callable
 
 import torch
 from torch import nn
-from safetensors import SafetensorError, safe_open
+from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoConfig
 
 from ..errors import CheckpointError, DoesNotFit, LoadAbandoned
 from . import fp8
-from .config import SIZE_KEYS, LLaDA2Config, check_sizes
+from .config import LLaDA2Config
+from .files import EMBEDDED_MODEL, SIZE_KEYS, check_sizes, resolve_path, stored_shapes, weight_files  # noqa: F401
 from .llada2 import LLaDA2, compute_dtype
-from .plan import ModelShape, Plan, device_of_slots, fmt_bytes, plan_of, render, slot_of
+from .plan import LAYER_OF_NAME, ModelShape, Plan, device_of_slots, fmt_bytes, plan_of, render, slot_of
 
 logger = logging.getLogger("llada_lsp.model")
 
@@ -40,12 +41,8 @@ FLOAT_STORAGE = frozenset({"F16", "BF16", "F32", "F64"})  # safetensors' names o
 EXPERT_KEY = re.compile(
     r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv)$"
 )
-LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
 STACKED_NAME = {"gate_proj": "w_gate", "up_proj": "w_up", "down_proj": "w_down"}
 STACKED_SUFFIX = {"weight": "", "weight_scale_inv": "_scale_inv"}
-
-
-EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "data" / "tiny"
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -68,29 +65,6 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CheckpointError(f"device {device} requested but CUDA is not available on this machine")
     return device
-
-
-def resolve_path(path: str | Path | None) -> Path:
-    """A local folder, or a Hugging Face id found in the local cache (never downloaded); None is the
-    embedded model shipped inside the package."""
-    if path is None:
-        return EMBEDDED_MODEL
-    local = Path(path).expanduser()
-    if local.is_dir():
-        return local
-    if local.exists():
-        raise CheckpointError(f"{local}: not a folder (a model is a folder with config.json and weights)")
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", str(path)):
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import LocalEntryNotFoundError
-
-        try:
-            return Path(snapshot_download(str(path), local_files_only=True))
-        except LocalEntryNotFoundError:
-            raise CheckpointError(
-                f"{path}: no such folder, and not in the local Hugging Face cache (nothing is downloaded)"
-            ) from None
-    raise CheckpointError(f"{path}: no such model folder")
 
 
 def load_config(folder: Path) -> LLaDA2Config:
@@ -116,41 +90,11 @@ def load_config(folder: Path) -> LLaDA2Config:
     return config
 
 
-def weight_files(folder: Path) -> list[Path]:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        for shard in shards:
-            if not (folder / shard).is_file():
-                raise CheckpointError(f"{folder / shard}: shard listed in {index.name} is missing")
-        return [folder / s for s in shards]
-    single = folder / "model.safetensors"
-    if single.is_file():
-        return [single]
-    raise CheckpointError(f"{folder}: no model.safetensors or model.safetensors.index.json")
-
-
-def stored_shapes(files: list[Path]) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Every tensor's shape and stored dtype ("BF16"), read from the safetensors headers alone (no tensor
-    is read). The library refuses a header whose offsets do not tile its file, so the shapes are what
-    the bytes hold."""
-    stored: dict[str, tuple[tuple[int, ...], str]] = {}
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt", device="cpu") as f:
-                for key in f.keys():
-                    tensor = f.get_slice(key)
-                    stored[key] = (tuple(tensor.get_shape()), tensor.get_dtype())
-        except (SafetensorError, OSError) as err:
-            raise CheckpointError(f"{file}: not a readable safetensors file ({err})") from None
-    return stored
-
-
 def check_counts(config: LLaDA2Config, names: list[str], folder: Path) -> None:
     """config.json's layer and expert counts against the tensors the files list. Run before the network
     is built: it has a module per layer and a checkpoint name per expert, so a count off by a factor of
     a million would otherwise build for minutes before any shape could disagree."""
-    layers = {int(m[1]) for name in names if (m := LAYER_KEY.match(name))}
+    layers = {int(m[1]) for name in names if (m := LAYER_OF_NAME.match(name))}
     held = max(layers, default=-1) + 1
     if config.num_hidden_layers != held:
         raise CheckpointError(f"{folder}: config.json says {config.num_hidden_layers} layers, the weights hold {held}")
@@ -222,7 +166,7 @@ def to_checkpoint_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return out
 
 
-def tensor_dtype(name: str, dtype: torch.dtype, built: torch.dtype | None = None) -> torch.dtype:
+def tensor_dtype(name: str, dtype: torch.dtype, built: torch.dtype) -> torch.dtype:
     """The dtype a tensor is held in: `dtype`, but FP8 experts and their block scales keep the dtype the
     network built them with (`built`), and the expert bias stays in >= fp32: it only ranks experts, and
     bf16 would reorder near-ties."""

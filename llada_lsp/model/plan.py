@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import CheckpointError
+from .files import check_sizes, resolve_path, stored_shapes, weight_files
 
 PARTS = ("embeddings", "attention", "dense MLP", "routed experts", "shared experts", "router", "norms", "lm_head")
 DTYPE_BYTES = {
@@ -74,11 +75,10 @@ class ModelShape:
         sizes["num_shared_experts"] = raw.get("num_shared_experts", 0)
         sizes["head_dim"] = raw.get("head_dim") or raw["hidden_size"] // max(raw["num_attention_heads"], 1)
         sizes["max_position_embeddings"] = raw.get("max_position_embeddings", 32768)
-        for key, value in sizes.items():
-            least = 0 if key in ("num_shared_experts", "first_k_dense_replace") else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                kind = "non-negative" if least == 0 else "positive"
-                raise CheckpointError(f"{source}: {key}: {value!r} is not a {kind} integer")
+        try:
+            check_sizes(sizes, tuple(sizes))
+        except ValueError as err:
+            raise CheckpointError(f"{source}: {err}") from None
         return cls(**sizes, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)))
 
 
@@ -192,7 +192,7 @@ def weights_from_config(shape: ModelShape, dtype: str = "bfloat16", quantize: st
 
 def weights_from_headers(stored: dict[str, tuple[tuple[int, ...], str]], shape: ModelShape,
                          dtype: str = "bfloat16", quantize: str | None = None) -> list[Slot]:  # fmt: skip
-    """Bytes per slot and part, from the tensors the checkpoint holds (loader.stored_shapes), as they
+    """Bytes per slot and part, from the tensors the checkpoint holds (files.stored_shapes), as they
     will sit in memory: floats cast to `dtype`, FP8 tensors and their scales as stored."""
     b = dtype_bytes(dtype)
     slots = empty_slots(shape)
@@ -307,9 +307,7 @@ def read_model(model: str | Path | None) -> tuple[str, ModelShape, dict | None]:
     if path is not None and path.is_file():
         config_file, folder = path, None
     else:
-        from .loader import resolve_path  # the Hugging Face cache lookup
-
-        folder = resolve_path(model)
+        folder = resolve_path(model)  # a folder, or the Hugging Face cache lookup
         config_file = folder / "config.json"
     try:
         raw = json.loads(config_file.read_text())
@@ -321,8 +319,6 @@ def read_model(model: str | Path | None) -> tuple[str, ModelShape, dict | None]:
     name = str(model) if model is not None else "embedded model"
     if folder is None or not any((folder / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json")):
         return name, shape, None
-    from .loader import stored_shapes, weight_files
-
     return name, shape, stored_shapes(weight_files(folder))
 
 
