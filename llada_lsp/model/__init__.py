@@ -6,8 +6,9 @@ safetensors headers with no torch and no transformers; a name below is imported 
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
 
 _LAZY = {
     "LLaDA2Config": ".config", "LLaDA2": ".llada2", "BlockKVCache": ".llada2", "block_causal_mask": ".llada2",
@@ -24,13 +25,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from .loader import load_model, load_tokenizer, save_model
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(_LAZY[name], __name__), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
