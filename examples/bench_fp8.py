@@ -95,7 +95,10 @@ def random_layer_figures(raw: dict, tokens: int = 64, logit_std: float = 4.0, se
 def infill_figures(n: int, seed: int = 1234) -> dict[str, dict]:
     """eval-infill's rest-of-line tasks, speed mode, the embedded model in bf16 and with FP8 experts:
     first-line exact match of each (eval_infill.score), and the task-by-task split between them."""
-    from llada_lsp.completion import pipeline as jobs
+    from llada_lsp.backends.native import NativeBatch
+    from llada_lsp.completion.generation import LoadedModel, ModelSpec
+    from llada_lsp.completion.jobs import Infill
+    from llada_lsp.completion.pipeline import run_infill
     from llada_lsp.completion.codec import TextCodec
     from llada_lsp.engine import Engine
     from llada_lsp.model import load_tokenizer
@@ -106,11 +109,13 @@ def infill_figures(n: int, seed: int = 1234) -> dict[str, dict]:
     answers, out = {}, {}
     for name, quantize in (("bf16", None), ("fp8", "fp8")):
         model = load_model(None, device="cpu", dtype="bfloat16", quantize=quantize)
-        loaded = jobs.LoadedModel(jobs.ModelSpec(None, "cpu", "bfloat16"), Engine(model), codec)
+        engine = Engine(model)
+        loaded = LoadedModel(ModelSpec(None, "cpu", "bfloat16"), codec, model.config.max_position_embeddings,
+                             engine.block_size, NativeBatch(engine))  # fmt: skip
         started, completions = time.time(), []
         for t in tasks:  # exactly what the server answers at this cursor, as eval-infill does
-            job = jobs.Infill(t.prefix + t.suffix, len(t.prefix), "speed", jobs.MAX_TOKENS, jobs.CONTEXT_TOKENS)
-            answer = jobs.run_infill(loaded, job, threading.Event(), lambda *_: None)
+            job = Infill.at(t.prefix + t.suffix, len(t.prefix), "speed")
+            answer = run_infill(loaded, job, threading.Event(), lambda *_: None)
             completions.append(cut_to_unit(t.kind, answer.text))
         answers[name] = completions
         out[name] = score(tasks, completions) | {"seconds": time.time() - started}

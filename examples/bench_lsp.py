@@ -40,7 +40,10 @@ from lsprotocol import types as t
 from pygls.lsp.client import LanguageClient
 
 from llada_lsp.server.documents import Document
-from llada_lsp.completion.pipeline import Infill, ModelSpec, cursor_context, load, run_infill
+from llada_lsp.backends.native import load
+from llada_lsp.completion.generation import ModelSpec
+from llada_lsp.completion.jobs import Infill, window
+from llada_lsp.completion.pipeline import cursor_context, run_infill
 from llada_lsp.server.positions import UTF16
 
 HERE = Path(__file__).resolve().parent
@@ -83,7 +86,7 @@ def replay(recording: Path, limit: int | None) -> tuple[str, list[Keystroke]]:
         doc.edit(at, at, typed, UTF16)
         doc.version += 1
         offset = doc.offset(*cursor_at, UTF16)
-        block = cursor_context(doc.text, offset).on_empty_line
+        block = cursor_context(*window(doc.text, offset, offset, 2**14)).on_empty_line
         keys.append(Keystroke(doc.version, at, typed, cursor_at, doc.text, offset, block))
 
     for s in sessions:
@@ -272,7 +275,7 @@ async def run(start: str, keys: list[Keystroke], args) -> tuple[list[Front], Tim
                 await front.type(key, i)
             first: list[float] = []
             started = time.perf_counter()
-            job = Infill(key.text_after, key.cursor, args.mode, args.max_tokens, 1024)
+            job = Infill.at(key.text_after, key.cursor, args.mode, args.max_tokens, 1024)
             outcome = run_infill(model, job, Never(), lambda step, text: first or first.append(time.perf_counter()))
             ref.response.append(time.perf_counter() - started)
             ref.first_draft.append(first[0] - started)

@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_lsp import RECORDING, EngineService, Keystroke, quantile, replay  # noqa: E402  (the examples folder)
 
 from llada_lsp import wire  # noqa: E402
-from llada_lsp.completion.pipeline import CHARS_PER_TOKEN, CONTEXT_TOKENS, MAX_TOKENS, window  # noqa: E402
+from llada_lsp.completion.jobs import CHARS_PER_TOKEN, CONTEXT_TOKENS, MAX_TOKENS, window  # noqa: E402
 from llada_lsp.service.client import EngineClient, EngineFailure  # noqa: E402
 
 READY_TIMEOUT = 300.0  # seconds for a service to load its model
@@ -156,7 +156,7 @@ def request(client: EngineClient, text: str, cursor: int, args, max_tokens: int 
 async def warm_up(client: EngineClient, args) -> None:
     """A request of a few tokens, on text of its own, before the clock starts (under one cache block:
     no prefix-cache lookups counted)."""
-    await asyncio.wait_for(client.infill(request(client, "x = ", 4, args, max_tokens=8)), ANSWER_TIMEOUT)
+    await asyncio.wait_for(client.request(request(client, "x = ", 4, args, max_tokens=8)), ANSWER_TIMEOUT)
 
 
 async def editor(service: Service, client: EngineClient, keys: list[Keystroke], order: list[int], args, row: Row) -> None:
@@ -169,7 +169,7 @@ async def editor(service: Service, client: EngineClient, keys: list[Keystroke], 
         message = request(client, key.text_after, key.cursor, args)
         sent = time.perf_counter()
         try:
-            done = await asyncio.wait_for(client.infill(message), ANSWER_TIMEOUT)
+            done = await asyncio.wait_for(client.request(message), ANSWER_TIMEOUT)
         except TimeoutError:
             raise service.failure(f"{name}: no answer within {ANSWER_TIMEOUT:.0f} s") from None
         except EngineFailure as err:
@@ -253,7 +253,7 @@ async def run_paired_cache(keys: list[Keystroke], args) -> list[Row]:
             for i in (0, 1) if j % 2 == 0 else (1, 0):
                 sent = time.perf_counter()
                 try:
-                    done = await asyncio.wait_for(clients[i].infill(request(clients[i], key.text_after, key.cursor, args)),
+                    done = await asyncio.wait_for(clients[i].request(request(clients[i], key.text_after, key.cursor, args)),
                                                   ANSWER_TIMEOUT)  # fmt: skip
                 except (EngineFailure, TimeoutError) as err:
                     raise services[i].failure(f"keystroke {j}: {err!r}") from None

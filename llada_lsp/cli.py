@@ -9,88 +9,34 @@ from __future__ import annotations
 
 import difflib
 import sys
-from typing import Callable
+from importlib import import_module
 
 
-def serve(argv: list[str]) -> int:
-    from .server.main import serve_main
-
-    return serve_main(argv)
-
-
-def engine(argv: list[str]) -> int:
-    from .service.engine import engine_main
-
-    return engine_main(argv)
-
-
-def complete(argv: list[str]) -> int:
-    from .server.headless import complete_main
-
-    return complete_main(argv)
-
-
-def rewrite(argv: list[str]) -> int:
-    from .server.headless import rewrite_main
-
-    return rewrite_main(argv)
-
-
-def generate(argv: list[str]) -> int:
-    from .commands.generate import generate_main
-
-    return generate_main(argv)
-
-
-def bench(argv: list[str]) -> int:
-    from .commands.bench import bench_main
-
-    return bench_main(argv)
-
-
-def plan(argv: list[str]) -> int:
-    from .commands.plan import plan_main
-
-    return plan_main(argv)
-
-
-def train(argv: list[str]) -> int:
-    from .training.train import train_main
-
-    return train_main(argv)
-
-
-def eval_infill(argv: list[str]) -> int:
-    from .training.eval_infill import eval_infill_main
-
-    return eval_infill_main(argv)
-
-
-def eval_rewrite(argv: list[str]) -> int:
-    from .training.eval_rewrite import eval_rewrite_main
-
-    return eval_rewrite_main(argv)
-
-
-SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
-    "serve": (serve, "the language server (the default)"),
-    "engine": (engine, "the engine service: one model for every editor's llada-lsp"),
-    "complete": (complete, "complete FILE:LINE:COL through the server, as an editor would"),
-    "rewrite": (rewrite, "rewrite FILE:L1:C1-L2:C2 through the server"),
-    "generate": (generate, "decode a prompt with a checkpoint and print the completion"),
-    "bench": (bench, "cached engine vs recompute-everything baseline on CPU"),
-    "plan": (plan, "memory per device for a checkpoint, and whether it fits (no weights read)"),
-    "train": (train, "train the embedded model (CPU, resumable)"),
-    "eval-infill": (eval_infill, "score infill on held-out standard-library files"),
-    "eval-rewrite": (eval_rewrite, "rewrite held-out selections: parsed, applied, refused"),
+# name -> (module, its `<name>_main`, what it does); each module is imported only when its command runs.
+SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+    "serve": ("serve", "serve_main", "the language server (the default)"),
+    "engine": ("engine", "engine_main", "the engine service: one model for every editor's llada-lsp"),
+    "complete": ("complete", "complete_main", "complete FILE:LINE:COL through the server, as an editor would"),
+    "rewrite": ("complete", "rewrite_main", "rewrite FILE:L1:C1-L2:C2 through the server"),
+    "generate": ("generate", "generate_main", "decode a prompt with a checkpoint and print the completion"),
+    "bench": ("bench", "bench_main", "cached engine vs recompute-everything baseline on CPU"),
+    "plan": ("plan", "plan_main", "memory per device for a checkpoint, and whether it fits (no weights read)"),
+    "train": ("train", "train_main", "train the embedded model (CPU, resumable)"),
+    "eval-infill": ("evaluate", "eval_infill_main", "score infill on held-out standard-library files"),
+    "eval-rewrite": ("evaluate", "eval_rewrite_main", "rewrite held-out selections: parsed, applied, refused"),
 }
+
+
+def run(name: str, argv: list[str]) -> int:
+    module, function, _ = SUBCOMMANDS[name]
+    return getattr(import_module(f".commands.{module}", __package__), function)(argv) or 0
 
 
 def usage() -> str:
     lines = ["usage: llada-lsp [serve options] | llada-lsp SUBCOMMAND [options] | llada-lsp --version", "",
              "With no subcommand, serves the Language Server Protocol on stdio (see `llada-lsp serve --help`).", "",
              "subcommands:"]  # fmt: skip
-    lines += [f"  {name:<12} {doc}" for name, (_, doc) in SUBCOMMANDS.items()]
+    lines += [f"  {name:<12} {doc}" for name, (_, _, doc) in SUBCOMMANDS.items()]
     return "\n".join(lines)
 
 
@@ -105,14 +51,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llada-lsp {__version__}")
         return 0
     if not argv or argv[0].startswith("-"):  # serve options only: the default subcommand
-        return serve(argv) or 0
+        return run("serve", argv)
     if argv[0] not in SUBCOMMANDS:
         close = difflib.get_close_matches(argv[0], list(SUBCOMMANDS), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         print(f"llada-lsp: unknown subcommand {argv[0]!r}{hint} (see llada-lsp --help)", file=sys.stderr)
         return 2
-    run, _ = SUBCOMMANDS[argv[0]]
-    return run(argv[1:]) or 0
+    return run(argv[0], argv[1:])
 
 
 if __name__ == "__main__":

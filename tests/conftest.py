@@ -5,6 +5,7 @@ constants (SAMPLE, settings_of, force_moe) are imported as `from conftest import
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,6 +14,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "llada2-tiny"
+# The servers, services and editors the tests start inherit this: tests/hooks/sitecustomize.py is the
+# step-delay hook (LLADA_LSP_TEST_STEP_DELAY_MS), kept out of the package.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(ROOT / "tests" / "hooks"), os.environ.get("PYTHONPATH")) if p
+)
 
 
 @pytest.fixture(scope="session")

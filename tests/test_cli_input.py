@@ -34,7 +34,7 @@ def test_the_package_face_imports_no_torch():
 def test_help_version_and_the_thin_modules_import_no_torch():
     no_torch_after("from llada_lsp.cli import main; main(['--help']); main(['--version'])")
     # The headless client, the LSP front and the pure-text parts: torch comes with the model only.
-    no_torch_after("import llada_lsp.server.headless, llada_lsp.server.main, llada_lsp.completion.postprocess, "
+    no_torch_after("import llada_lsp.commands.complete, llada_lsp.commands.serve, llada_lsp.server.handlers, llada_lsp.completion.postprocess, "
                    "llada_lsp.completion.syntax")  # fmt: skip
 
 

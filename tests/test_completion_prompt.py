@@ -10,7 +10,7 @@ import pytest
 
 from llada_lsp.model import EMBEDDED_MODEL, load_tokenizer
 from llada_lsp.completion.layouts import SpecialIds
-from llada_lsp.completion.pipeline import window
+from llada_lsp.completion.jobs import window
 from llada_lsp.completion.prompt import SelectionTooLong, TextCodec, heal, infill_prompt, rewrite_prompt
 
 # A long Python file, frozen (a copy of engine/decode.py once): the tests below cut prompts at fixed

@@ -9,7 +9,10 @@ import threading
 
 import pytest
 
-from llada_lsp.completion import pipeline as jobs
+from llada_lsp.backends.native import load
+from llada_lsp.completion.generation import ModelSpec
+from llada_lsp.completion.jobs import Infill
+from llada_lsp.completion.pipeline import run_infill
 from llada_lsp.training.corpus import is_held_out
 
 
@@ -43,10 +46,10 @@ def copy(x):
 def test_the_shipped_model_infills_held_out_code_with_a_line_that_parses(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert is_held_out("copy.py")
-    model = jobs.load(jobs.ModelSpec(None), lambda *_: None)
+    model = load(ModelSpec(None), lambda *_: None)
     prefix, suffix = SNIPPET.split("<CURSOR>")
     drafts = []
-    out = jobs.run_infill(model, jobs.Infill(prefix + suffix, len(prefix), "speed", 64, 1024), threading.Event(),
+    out = run_infill(model, Infill.at(prefix + suffix, len(prefix), "speed", 64, 1024), threading.Event(),
                           lambda step, text: drafts.append(text))
     assert out.text.split("\n")[0].strip(), out
     ast.parse(prefix + out.text + suffix)

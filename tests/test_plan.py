@@ -159,12 +159,13 @@ def test_a_load_that_does_not_fit_is_refused_with_the_table_before_any_tensor_is
 
 
 def test_the_service_and_its_flags_load_through_the_same_check(monkeypatch):
-    """The engine service's load (pipeline.load, what ModelWorker runs) refuses the same way, and its
+    """The engine service's load (backends/native.load, what ModelWorker runs) refuses the same way, and its
     --quantize / --devices reach load_model."""
     import llada_lsp.model.plan as plan_module
-    from llada_lsp.completion.pipeline import ModelSpec, load
+    from llada_lsp.backends.native import load
+    from llada_lsp.completion.generation import ModelSpec
     from llada_lsp.errors import DoesNotFit
-    from llada_lsp.service.engine import parser
+    from llada_lsp.commands.engine import parser
 
     args = parser().parse_args(["--quantize", "fp8", "--devices", "cpu,cpu"])
     assert (args.quantize, args.devices, args.device) == ("fp8", ("cpu", "cpu"), None)

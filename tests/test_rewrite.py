@@ -8,7 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from llada_lsp.completion import pipeline as jobs
+from llada_lsp.completion.generation import Draft, LoadedModel, ModelSpec, Result
+from llada_lsp.completion.jobs import Outcome, Rewrite
+from llada_lsp.completion.pipeline import InstructionUnsupported, run_rewrite
 from llada_lsp.completion.postprocess import bound_rewrite
 from llada_lsp.completion.prompt import TextCodec
 from llada_lsp.completion.syntax import Balance, check_rewrite, is_python
@@ -95,39 +97,27 @@ def codec() -> TextCodec:
     return TextCodec.from_tokenizer(load_tokenizer(None))
 
 
-def scripted(codec: TextCodec, answer: str) -> jobs.LoadedModel:
-    """The embedded model's tokenizer with an engine that 'generates' `answer`: the pipeline around the
+def scripted(codec: TextCodec, answer: str) -> LoadedModel:
+    """The embedded model's tokenizer with a backend that 'generates' `answer`: the pipeline around the
     model (prompt, bound, guard, outcome) is what is tested."""
-    eos = codec.special.eos
+    eos, calls = codec.special.eos, []
 
-    class Gen:
-        def __init__(self, gen_length: int, init_ids: list[int]):
-            tokens = codec.encode(answer)[:gen_length]
-            self.result = SimpleNamespace(tokens=tokens + [eos] * (gen_length - len(tokens)), steps=3, cancelled=False)
-            self.gen_length, self.init_ids = gen_length, init_ids
+    class Batch:
+        def generate(self, request):
+            calls.append((request.gen_length, request.init_ids))
+            tokens = codec.encode(answer)[: request.gen_length]
+            yield Draft(1, tokens)
+            return Result(tokens + [eos] * (request.gen_length - len(tokens)), 3, 0.0)
 
-        def __iter__(self):
-            yield SimpleNamespace(step=1)
-
-    calls = []
-
-    def settings(prompt_ids, gen_length, mode, **kw):
-        calls.append((gen_length, kw["init_ids"]))
-        return SimpleNamespace(gen_length=gen_length, init_ids=kw["init_ids"])
-
-    def start(settings):
-        return Gen(settings.gen_length, settings.init_ids)
-
-    engine = SimpleNamespace(settings=settings, start=start, model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512)))
-    model = jobs.LoadedModel(jobs.ModelSpec(None), engine, codec)
+    model = LoadedModel(ModelSpec(None), codec, 512, 32, Batch())
     model.calls = calls
     return model
 
 
-def rewrite(model, text: str, selection: str, instruction: str | None = None) -> jobs.Outcome:
+def rewrite(model, text: str, selection: str, instruction: str | None = None) -> Outcome:
     start = text.index(selection)
-    job = jobs.Rewrite(text, start, start + len(selection), "quality", 1024, instruction, python=True)
-    return jobs.run_rewrite(model, job, threading.Event(), lambda *_: None)
+    job = Rewrite.at(text, start, start + len(selection), "quality", 1024, instruction, python=True)
+    return run_rewrite(model, job, threading.Event(), lambda *_: None)
 
 
 def test_a_rewrite_that_breaks_the_file_is_refused(codec):
@@ -152,6 +142,6 @@ def test_no_change_is_reported_as_such(codec):
 def test_an_instruction_is_refused_by_a_fill_in_the_middle_model(codec):
     model = scripted(codec, "anything")
     assert codec.special.has_fim
-    with pytest.raises(jobs.InstructionUnsupported, match="cannot follow an instruction"):
+    with pytest.raises(InstructionUnsupported, match="cannot follow an instruction"):
         rewrite(model, PY, "x = f('a b')\n", instruction="use a list")
     assert model.calls == []  # refused before anything ran

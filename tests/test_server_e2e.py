@@ -28,7 +28,10 @@ from pytest_lsp import ClientServerConfig, LanguageClient
 from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, register_lsp_features
 
 from llada_lsp.model import EMBEDDED_MODEL, LLaDA2, LLaDA2Config, save_model
-from llada_lsp.completion import pipeline as jobs
+from llada_lsp.backends.native import load
+from llada_lsp.completion.generation import ModelSpec
+from llada_lsp.completion.jobs import Infill
+from llada_lsp.completion.pipeline import run_infill
 from llada_lsp.training.train import init_weights
 
 pytestmark = [
@@ -298,12 +301,12 @@ async def test_answers_are_what_the_pipeline_computes_directly(which: str, reque
         served = [await editor.inline(uri, at) for at in spots]
     finally:
         assert await stop(editor) == 0
-    model = jobs.load(jobs.ModelSpec(path), lambda *_: None)
+    model = load(ModelSpec(path), lambda *_: None)
     lines = SOURCE.split("\n")
     texts = []
     for answer, at in zip(served, spots):
         offset = sum(len(line) + 1 for line in lines[: at.line]) + at.character
-        direct = jobs.run_infill(model, jobs.Infill(SOURCE, offset, "quality", 32, 1024), Never(), lambda *_: None)
+        direct = run_infill(model, Infill.at(SOURCE, offset, "quality", 32, 1024), Never(), lambda *_: None)
         assert [item.insert_text for item in answer.items] == ([direct.text] if direct.text else []), at
         texts.append(direct.text)
     answering = texts if which == "untrained" else texts[:3]

@@ -26,13 +26,15 @@ import pytest
 from llada_lsp import wire
 from llada_lsp.errors import CheckpointError
 from llada_lsp.model import EMBEDDED_MODEL
-from llada_lsp.completion.pipeline import Infill, ModelSpec, Rewrite
+from llada_lsp.address import Address, default_socket_path, parse_address, private_folder, read_token
+from llada_lsp.commands import engine
+from llada_lsp.completion.generation import ModelSpec
+from llada_lsp.completion.jobs import Infill, Rewrite
+from llada_lsp.runtime.worker import ModelWorker
 from llada_lsp.server.completers import CompletionFailed, RemoteCompleter
-from llada_lsp.service.worker import ModelWorker
-from llada_lsp.service import engine
-from llada_lsp.service.address import Address, default_socket_path, parse_address, private_folder, read_token
 from llada_lsp.service.client import EngineClient, EngineFailure
-from llada_lsp.service.engine import AlreadyServing, EngineService, Listener
+from llada_lsp.service.listener import AlreadyServing, Listener
+from llada_lsp.service.sessions import EngineService
 
 TIMEOUT = float(os.environ.get("LLADA_TEST_TIMEOUT", "120"))
 MODES = ("speed", "quality")
@@ -224,7 +226,7 @@ async def test_without_a_model_requests_fail_no_model_and_status_says_why(short_
         async with await EngineClient.connect(address, "editor") as client:
             assert client.welcome.modes == list(MODES) and client.welcome.limits["max_frame"] == wire.MAX_FRAME
             with pytest.raises(EngineFailure) as failure:
-                await client.infill(infill(client))  # queued behind the load, answered when it fails
+                await client.request(infill(client))  # queued behind the load, answered when it fails
             assert failure.value.kind == "no_model" and "no weights here" in failure.value.message
             status = await client.status()
             assert (status.state, status.clients, status.queue) == ("error", 1, 0)
@@ -238,9 +240,9 @@ async def test_a_document_with_a_lone_surrogate_reaches_the_service(short_dir):
         completer = await RemoteCompleter.connect(str(address), None, lambda line: None)
         text = 'x = "\ud800"\nprint(x'
         with pytest.raises(CompletionFailed, match="no weights here"):  # the service's answer: it got there
-            await completer.run("doc", "inline", Infill(text, len(text), "speed", 8, 1024), None)
+            await completer.run("doc", "inline", Infill.at(text, len(text), "speed", 8, 1024), None)
         with pytest.raises(CompletionFailed, match="no weights here"):
-            await completer.run("doc", "rewrite", Rewrite(text, 5, 6, "speed", 1024), None)
+            await completer.run("doc", "rewrite", Rewrite.at(text, 5, 6, "speed", 1024), None)
         assert completer.client.gone is None
         await completer.client.close()
 
@@ -249,7 +251,7 @@ async def test_a_bad_request_is_answered_and_the_connection_stays(short_dir):
     async with in_process(Address("unix", str(short_dir / "e.sock"))) as (address, _):
         async with await EngineClient.connect(address, "editor") as client:
             with pytest.raises(EngineFailure) as failure:
-                await client.infill(infill(client, mode="fastest"))
+                await client.request(infill(client, mode="fastest"))
             assert failure.value.kind == "bad_request" and "speed, quality" in failure.value.message
             assert (await client.status()).model == "nowhere"
 
@@ -331,7 +333,7 @@ async def test_the_status_command_reports_or_says_nothing_answers(short_dir, cap
     async with in_process(Address("unix", str(short_dir / "e.sock"))) as (address, _):
         async with await EngineClient.connect(address, "editor") as client:
             with pytest.raises(EngineFailure):
-                await client.infill(infill(client))  # the load has failed by now
+                await client.request(infill(client))  # the load has failed by now
             assert await asyncio.to_thread(engine.engine_main, ["status", "--listen", str(address)]) == 0
     out = capsys.readouterr().out
     assert "model: nowhere" in out and "state: error" in out and "clients: 1" in out and "queue: 0" in out
@@ -346,13 +348,13 @@ STEP_DELAY_MS = 40  # slow enough that a request is still running when its cance
 
 
 class EngineProcess:
-    """`python -m llada_lsp.service.engine` on a socket in `folder`, its log in a file."""
+    """`python -m llada_lsp.commands.engine` on a socket in `folder`, its log in a file."""
 
     def __init__(self, folder: Path):
         self.folder, self.address = folder, Address("unix", str(folder / "e.sock"))
         self.log = folder / "engine.log"
         env = {**os.environ, "LLADA_LSP_TEST_STEP_DELAY_MS": str(STEP_DELAY_MS)}
-        command = [sys.executable, "-m", "llada_lsp.service.engine", "--listen", str(self.address), "--threads", "1"]
+        command = [sys.executable, "-m", "llada_lsp.commands.engine", "--listen", str(self.address), "--threads", "1"]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(command, env=env, stderr=log, stdout=subprocess.DEVNULL)
 
@@ -412,7 +414,7 @@ def cancelled_line(client: str, request_id: int) -> str:
 async def first_draft_then(client: EngineClient, request: wire.Infill) -> tuple[asyncio.Task, Drafts]:
     """Starts a request and waits for its first draft (step 1): the request is then running."""
     drafts = Drafts()
-    task = asyncio.create_task(client.infill(request, drafts))
+    task = asyncio.create_task(client.request(request, drafts))
     await asyncio.wait_for(drafts.first.wait(), TIMEOUT)
     return task, drafts
 
@@ -427,13 +429,13 @@ class TestTheEngineProcess:
             drafts_a, drafts_b = Drafts(), Drafts()
             # The same key on two connections: neither supersedes the other.
             done_a, done_b = await asyncio.wait_for(
-                asyncio.gather(a.infill(infill(a), drafts_a), b.infill(infill(b), drafts_b)), TIMEOUT
+                asyncio.gather(a.request(infill(a), drafts_a), b.request(infill(b), drafts_b)), TIMEOUT
             )  # fmt: skip
             for done, drafts in ((done_a, drafts_a), (done_b, drafts_b)):
                 assert done.text == " b" and done.stopped in ("unit", "done")
                 assert drafts[0][0] == 1 and drafts[-1][1] == done.text
             rewrite = wire.Rewrite(b.next_id(), "rw", "def add(a, b):\n    ", "return a + b", "\n", "quality", 1024)
-            done = await asyncio.wait_for(b.rewrite(rewrite), TIMEOUT)
+            done = await asyncio.wait_for(b.request(rewrite), TIMEOUT)
             assert done.stopped in ("done", "unchanged", "refused") and done.text.strip()
             status = await a.status()
             assert (status.state, status.model, status.clients) == ("ready", "embedded", 2)
@@ -448,8 +450,8 @@ class TestTheEngineProcess:
         clients = [await service.connect(f"editor{i}") for i in range(4)]
         try:
             requests = [infill(c, text, mode=MODES[i % 2]) for i, (c, text) in enumerate(zip(clients, before))]
-            together = await asyncio.wait_for(asyncio.gather(*(c.infill(r) for c, r in zip(clients, requests))), TIMEOUT)
-            alone = [await asyncio.wait_for(c.infill(replace(r, id=c.next_id())), TIMEOUT)
+            together = await asyncio.wait_for(asyncio.gather(*(c.request(r) for c, r in zip(clients, requests))), TIMEOUT)
+            alone = [await asyncio.wait_for(c.request(replace(r, id=c.next_id())), TIMEOUT)
                      for c, r in zip(clients, requests)]  # fmt: skip
             assert [d.text for d in together] == [d.text for d in alone]
             assert all(d.tokens > 0 for d in together)
@@ -484,7 +486,7 @@ class TestTheEngineProcess:
         async with await service.connect("typist") as client:
             older = infill(client, "def sub(a, b):\n    ", max_tokens=128)
             task, _drafts = await first_draft_then(client, older)
-            newer = await asyncio.wait_for(client.infill(infill(client)), TIMEOUT)
+            newer = await asyncio.wait_for(client.request(infill(client)), TIMEOUT)
             assert newer.text == " b"
             with pytest.raises(EngineFailure) as failure:
                 await task
@@ -502,7 +504,7 @@ class TestTheEngineProcess:
             await service.log_line(r"leaver#\d+: closed by the client; 1 requests cancelled")
             line = await service.log_line(cancelled_line("leaver", request.id))
             assert int(line.group(1)) <= 1
-            assert (await asyncio.wait_for(stays.infill(infill(stays)), TIMEOUT)).text == " b"
+            assert (await asyncio.wait_for(stays.request(infill(stays)), TIMEOUT)).text == " b"
 
     async def test_broken_peers_are_closed_while_a_request_runs_on(self, service):
         async with await service.connect("busy") as busy:
@@ -522,7 +524,7 @@ class TestTheEngineProcess:
         assert service.proc.poll() is None
 
     async def test_a_second_engine_on_the_socket_refuses_to_start(self, service):
-        second = subprocess.run([sys.executable, "-m", "llada_lsp.service.engine", "--listen", str(service.address)],
+        second = subprocess.run([sys.executable, "-m", "llada_lsp.commands.engine", "--listen", str(service.address)],
                                 capture_output=True, text=True, timeout=TIMEOUT)  # fmt: skip
         assert second.returncode == 1 and "another engine is serving" in second.stderr
         assert Path(service.address.path).exists()
@@ -545,7 +547,7 @@ async def test_a_killed_engine_fails_pending_requests_and_its_socket_is_reused()
         # The killed engine left its socket file; the next one replaces it, and removes it on SIGTERM.
         second = EngineProcess(folder)
         async with await second.connect("next") as client:
-            assert (await asyncio.wait_for(client.infill(infill(client)), TIMEOUT)).text == " b"
+            assert (await asyncio.wait_for(client.request(infill(client)), TIMEOUT)).text == " b"
         second.proc.send_signal(signal.SIGTERM)
         assert second.proc.wait(TIMEOUT) == 0
         assert not Path(second.address.path).exists()

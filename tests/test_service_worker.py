@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from llada_lsp.model import CheckpointError
-from llada_lsp.completion.pipeline import ModelSpec
-from llada_lsp.service.worker import ModelUnavailable, ModelWorker
+from llada_lsp.completion.generation import ModelSpec
+from llada_lsp.runtime.worker import ModelUnavailable, ModelWorker
 
 
 def stepping(steps: int, gate: threading.Event | None = None, started: threading.Event | None = None):

@@ -48,13 +48,17 @@ from typing import Any, Callable
 import pytest
 
 from llada_lsp import wire
-from llada_lsp.completion.pipeline import Infill, InfillPlan, ModelSpec
-from llada_lsp.service import engine
-from llada_lsp.service.address import Address
+from llada_lsp.address import Address
+from llada_lsp.backends.sglang import SGLangWorker, load_remote_model
+from llada_lsp.backends.sglang_config import MODES, SGLangBackend, parse_backend
+from llada_lsp.backends.sglang_http import merge_output
+from llada_lsp.commands import engine
+from llada_lsp.completion.generation import ModelSpec
+from llada_lsp.completion.jobs import Infill
+from llada_lsp.completion.pipeline import InfillPlan
 from llada_lsp.service.client import EngineClient, EngineFailure
-from llada_lsp.service.engine import EngineService, Listener
-from llada_lsp.service.sglang import (MODES, SGLangBackend, SGLangWorker, load_remote_model, merge_output,
-                                      parse_backend)  # fmt: skip
+from llada_lsp.service.listener import Listener
+from llada_lsp.service.sessions import EngineService
 
 WAIT = 15.0  # seconds any one answer may take before a test fails (none takes near that)
 HOLD = 10.0  # the longest the stand-in holds an answer open (a test's teardown releases it sooner)
@@ -261,7 +265,7 @@ def infill(client: EngineClient, before: str, after: str = "\n", mode: str = "sp
 
 async def ask(client: EngineClient, request: wire.Infill, drafts: list[str] | None = None) -> wire.Done:
     on_draft = (lambda step, text: drafts.append(text)) if drafts is not None else None
-    return await asyncio.wait_for(client.infill(request, on_draft), WAIT)
+    return await asyncio.wait_for(client.request(request, on_draft), WAIT)
 
 
 def closed_port() -> int:
@@ -287,10 +291,10 @@ async def test_a_completion_sends_the_plans_prompt_ids_and_answers_the_post_proc
                 done = await ask(client, infill(client, RETURN))
     assert (done.text, done.stopped, done.steps) == (" b  # the sum", "done", 1)
     body = fake.generated[0]
-    plan = InfillPlan(tiny, Infill(RETURN + "\n", len(RETURN), "speed", 64, 1024), _Never())
-    assert body["input_ids"] == plan.settings.prompt  # the same pipeline's prompt, as ids
+    plan = InfillPlan(tiny, Infill.at(RETURN + "\n", len(RETURN), "speed", 64, 1024), _Never())
+    assert body["input_ids"] == plan.request.prompt_ids  # the same pipeline's prompt, as ids
     assert body["stream"] is True and body["rid"].startswith("llada-")
-    assert body["sampling_params"]["max_new_tokens"] == plan.settings.gen_length == 32
+    assert body["sampling_params"]["max_new_tokens"] == plan.request.gen_length == 32
     assert body["sampling_params"]["stop_token_ids"] == [eos]
     assert "Authorization" not in fake.headers[0]  # no key was given
     assert any(line.startswith("infill editor#1:1: 1 blocks in") for line in lines)
@@ -334,7 +338,7 @@ async def test_cancel_answers_at_once_and_asks_sglang_to_abort_the_request(short
             async with await EngineClient.connect(address, "editor") as client:
                 first = asyncio.Event()
                 request = infill(client, "def f():\n    ", "\n", drafts=True)
-                task = asyncio.ensure_future(client.infill(request, lambda step, text: first.set()))
+                task = asyncio.ensure_future(client.request(request, lambda step, text: first.set()))
                 await asyncio.wait_for(first.wait(), WAIT)
                 client.cancel(request.id)
                 with pytest.raises(EngineFailure) as failure:
@@ -512,7 +516,7 @@ async def test_the_engine_command_serves_with_the_sglang_backend_and_stops_clean
             async with client:
                 assert (await ask(client, infill(client, RETURN))).text == " b"
                 first = asyncio.Event()
-                held = asyncio.ensure_future(client.infill(infill(client, "def f():\n    ", drafts=True),
+                held = asyncio.ensure_future(client.request(infill(client, "def f():\n    ", drafts=True),
                                                            lambda step, text: first.set()))  # fmt: skip
                 await asyncio.wait_for(first.wait(), WAIT)
                 proc.send_signal(signal.SIGTERM)

@@ -1,188 +1,70 @@
-"""What runs on the model thread: loading a model, and infill and rewrite requests from prompt to
-post-processed drafts and result.
+"""What runs on the model thread: an infill or rewrite job from its window to a prompt, the one
+generation request it asks of a backend, and the post-processed drafts and outcome.
 
-A request becomes a Plan: the engine settings of its sequence, what each draft shows (`on_draft`) and
-the answer (`finish`). The service's worker hands many plans' sequences to the engine's scheduler at
-once; `run_infill` / `run_rewrite` run one plan alone. Knows nothing of the LSP, pygls or threads:
-plain values in and out, drafts through a callback.
+A job becomes a Plan (`make_plan`): its `request` for the backend, what each draft shows
+(`on_draft`) and the answer (`finish`). The model thread hands many plans' requests to the native
+engine at once; `run_infill` / `run_rewrite` run one plan alone. Knows nothing of the LSP, pygls,
+threads or how a backend generates: plain values in and out.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import Callable
 
-from ..errors import CheckpointError, Refused
+from .generation import Draft, Flag, GenerationRequest, LoadedModel, Result, check_request
+from .jobs import Infill, Job, Outcome, Rewrite, trimmed
 from .postprocess import Cursor, bound_rewrite, finish, strip_special, unfence
-from .codec import TextCodec
 from .prompt import CHARS_PER_TOKEN, Healed, heal, infill_prompt, rewrite_prompt
+from ..errors import Refused
 from .syntax import check_rewrite
 
-if TYPE_CHECKING:  # torch is imported on the model thread, when a model loads, not with the server
-    from ..engine import Draft, Engine, GenerationResult
-    from ..engine.sequence import Settings
-
 MIN_PROMPT = 32  # positions always left to the prompt when a completion length is clamped to the model
-MAX_TOKENS = 64  # a completion's length, unless a request says otherwise (the server's maxCompletionTokens)
-CONTEXT_TOKENS = 1024  # the prompt's budget, unless a request says otherwise (the server's contextTokens)
-
-
-class Flag(Protocol):
-    def is_set(self) -> bool: ...
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    path: str | None  # None: the embedded model
-    device: str | None = None
-    dtype: str | None = None
-    threads: int | None = None  # torch's CPU threads (None: torch's default)
-    max_batch: int = 8  # sequences decoded in one forward (1: one at a time)
-    cache_mb: float | None = None  # the K/V pool (None: the engine's default for the device)
-    prefix_cache: bool = True  # reuse the K/V of prompt blocks an earlier request computed
-    max_queue: int = 64  # sequences that may wait for a row; more are refused as busy
-    quantize: str | None = None  # "fp8": routed experts in FP8 with 128x128 block scales
-    devices: tuple[str, ...] | None = None  # a model split over several devices (instead of `device`)
-
-    @property
-    def name(self) -> str:
-        return self.path or "embedded"
-
-
-def add_model_arguments(ap: argparse.ArgumentParser) -> None:
-    """The command-line options of a ModelSpec, for the processes that load a model (the language
-    server in-process, the engine service)."""
-    ap.add_argument("--model", metavar="PATH|HF-ID", help="a model folder or a Hugging Face id in the local cache "
-                    "(nothing is downloaded); default: the embedded tiny model")  # fmt: skip
-    ap.add_argument("--device", help="cpu, cuda or cuda:N; default: cuda if available, else cpu")
-    ap.add_argument("--dtype", help="float32, bfloat16, float16 or float64; default: bfloat16 on CUDA, float32 on CPU")
-    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
-                    help="CPU threads of the model (default: half the cores, the rest left to the editors)")  # fmt: skip
-
-
-@dataclass
-class LoadedModel:
-    spec: ModelSpec
-    engine: Engine
-    codec: TextCodec
-
-    @property
-    def max_positions(self) -> int:
-        return self.engine.model.config.max_position_embeddings
-
-
-@dataclass(frozen=True)
-class Infill:
-    text: str  # the whole document
-    cursor: int  # str index of the cursor in `text`
-    mode: str
-    max_tokens: int
-    context_tokens: int
-
-
-@dataclass(frozen=True)
-class Rewrite:
-    text: str
-    start: int  # the selection is text[start:end]
-    end: int
-    mode: str
-    context_tokens: int
-    instruction: str | None = None
-    python: bool = False  # parse-checked with ast; other languages are held to their brackets and quotes
-
-
-@dataclass(frozen=True)
-class Outcome:
-    text: str
-    steps: int
-    seconds: float
-    # "done" | "unit" (the unit at the cursor was complete and stable) | "cancelled"; rewrites also
-    # "unchanged" (the model kept the selection) and "refused" (it would break the code: see `reason`)
-    stopped: str
-    reason: str = ""
-    tokens: int = 0  # positions the model generated (filled), for throughput figures
 
 
 class InstructionUnsupported(Refused):
     """A rewrite instruction given to a model that cannot follow one (a fill-in-the-middle model)."""
 
 
-def load(spec: ModelSpec, report: Callable[[str, int], None],
-         cancelled: Callable[[], bool] | None = None) -> LoadedModel:  # fmt: skip
-    """Raises CheckpointError with a one-line message when the model cannot be used; LoadAbandoned (a
-    CheckpointError) at the next tensor once `cancelled()` is true."""
-    report(f"reading {spec.name}", 10)
-    import torch
-
-    from ..engine import Engine
-    from ..model import load_model
-
-    if spec.threads:  # threads that outnumber the free cores spin against each other: a step can take 50x longer
-        torch.set_num_threads(spec.threads)
-    model = load_model(spec.path, device=spec.device, dtype=spec.dtype, cancelled=cancelled, quantize=spec.quantize,
-                       devices=list(spec.devices) if spec.devices else None)  # fmt: skip
-    report("reading the tokenizer", 70)
-    codec = load_codec(spec.path, spec.name)
-    if codec.special.mask is None and model.config.mask_token_id is None:
-        raise CheckpointError(f"{spec.name}: the tokenizer has no <|mask|> token")
-    report("warming up", 90)
-    engine = Engine(model, cache_mb=spec.cache_mb, prefix_cache=spec.prefix_cache, max_batch=spec.max_batch,
-                    max_queue=spec.max_queue)
-    # First-call costs (allocations, kernel selection) are paid here, not on the first keystroke.
-    engine.generation(codec.encode("def f():\n"), 1, "speed", mask_id=codec.special.mask).run()
-    return LoadedModel(spec, engine, codec)
-
-
-def load_codec(path: str | os.PathLike | None, name: str, where: str = "beside the weights") -> TextCodec:
-    """The tokenizer of the model at `path` (None: the embedded one) as a TextCodec, token healing's
-    lookup built; CheckpointError `NAME: no tokenizer (tokenizer.json) WHERE` when it has none."""
-    from ..model import load_tokenizer  # transformers: on the loading thread
-
-    tokenizer = load_tokenizer(path)
-    if tokenizer is None:
-        raise CheckpointError(f"{name}: no tokenizer (tokenizer.json) {where}")
-    codec = TextCodec.from_tokenizer(tokenizer)
-    if codec.special.has_fim:
-        _ = codec.token_index  # token healing's lookup: built now, not on the first keystroke inside a word
-    return codec
-
-
-def cursor_context(text: str, offset: int) -> Cursor:
-    line_start = text.rfind("\n", 0, offset) + 1
-    line_end = text.find("\n", offset)
-    line_end = len(text) if line_end < 0 else line_end
+def cursor_context(before: str, after: str) -> Cursor:
+    """The cursor's line around it and the next non-blank line after it (looked for nearby)."""
+    line_end = after.find("\n")
+    line_end = len(after) if line_end < 0 else line_end
     next_line, pos = "", line_end + 1
-    while pos < len(text) and pos - line_end < 10_000:  # the next non-blank line, looked for nearby
-        end = text.find("\n", pos)
-        end = len(text) if end < 0 else end
-        if text[pos:end].strip():
-            next_line = text[pos:end]
+    while pos < len(after) and pos - line_end < 10_000:
+        end = after.find("\n", pos)
+        end = len(after) if end < 0 else end
+        if after[pos:end].strip():
+            next_line = after[pos:end]
             break
         pos = end + 1
-    return Cursor(text[line_start:offset], text[offset:line_end].rstrip("\r"), next_line.rstrip("\r"))
+    line = before[before.rfind("\n") + 1 :]
+    return Cursor(line, after[:line_end].rstrip("\r"), next_line.rstrip("\r"))
 
 
 class Plan:
-    """One request's sequence: `settings` for the engine, `on_draft(draft) -> (step, payload or None)`
-    after each of its steps, `finish(result) -> Outcome` at its end."""
+    """One request's sequence: `request` for the backend, `on_draft(draft) -> (step, payload or None)`
+    after each of its steps, `finish(result) -> Outcome` at its end. `heal_text`: the partial word
+    token healing took back from the prompt, which the generation must start with ("" if none)."""
 
-    settings: Settings
+    request: GenerationRequest
+    heal_text = ""
 
     def on_draft(self, draft: Draft) -> tuple[int, object]:
         raise NotImplementedError
 
-    def finish(self, result: GenerationResult) -> Outcome:
+    def finish(self, result: Result) -> Outcome:
         raise NotImplementedError
 
-    def run(self, engine: Engine, emit: Callable[[int, object], None]) -> Outcome:
-        """Alone: the engine's batch of one."""
-        gen = engine.start(self.settings)
-        for draft in gen:
+    def run(self, model: LoadedModel, emit: Callable[[int, object], None]) -> Outcome:
+        """Alone, on the native engine's batch of one."""
+        gen = model.batch.generate(self.request)
+        while True:
+            try:
+                draft = next(gen)
+            except StopIteration as end:
+                return self.finish(end.value)
             emit(*self.on_draft(draft))
-        return self.finish(gen.result)
 
 
 class InfillPlan(Plan):
@@ -191,37 +73,38 @@ class InfillPlan(Plan):
     complete (ended by the text, an end-of-text, or the last position filled) and unchanged for a step."""
 
     def __init__(self, model: LoadedModel, job: Infill, cancel: Flag):
-        codec, cursor = model.codec, cursor_context(job.text, job.cursor)
+        codec, cursor = model.codec, cursor_context(job.before, job.after)
         self.codec, self.cursor = codec, cursor
         # The rest of a line fits in one block: a model that never ends the line costs one block, not two.
-        limit = job.max_tokens if cursor.on_empty_line else min(job.max_tokens, model.engine.block_size)
+        limit = job.max_tokens if cursor.on_empty_line else min(job.max_tokens, model.block_size)
         self.gen_length = max(1, min(limit, model.max_positions - MIN_PROMPT))
         budget = min(job.context_tokens, model.max_positions - self.gen_length)
-        before, after = window(job.text, job.cursor, job.cursor, budget * CHARS_PER_TOKEN)
+        before, after = trimmed(job.before, job.after, budget * CHARS_PER_TOKEN)
         prompt = infill_prompt(before, after, codec, budget)
         self.chat = prompt.layout == "chat"
-        self.healed = healed = heal(prompt, codec) or Healed(prompt.ids, "", None)
+        healed = heal(prompt, codec) or Healed(prompt.ids, "", None)
+        self.heal_text = healed.text
         self.stop = _StopWhen(cancel)
-        self.settings = model.engine.settings(
-            healed.ids, self.gen_length, job.mode, eos_early_stop=True, mask_id=codec.special.mask,
-            eos_id=codec.special.eos, cancel=self.stop, first_allowed=healed.allowed, priority=0,
-        )  # fmt: skip
+        self.request = check_request(GenerationRequest(
+            healed.ids, self.gen_length, job.mode, codec.special.mask, codec.special.eos, cancel=self.stop,
+            first_allowed=healed.allowed, priority=0,
+        ), model.max_positions)  # fmt: skip
         self.shown: str | None = None
 
     def on_draft(self, draft: Draft) -> tuple[int, str | None]:
         codec, mask = self.codec, self.codec.special.mask
         filled = draft.generated[: _first(draft.generated, mask)]
         raw, ended = codec.text_of(filled)
-        raw = raw.removeprefix(self.healed.text)  # the first token starts with the text taken back
+        raw = raw.removeprefix(self.heal_text)  # the first token starts with the text taken back
         # Every position filled: nothing will be added, only revised (post steps).
         completion = finish(raw, self.cursor, ended or len(filled) == self.gen_length, self.chat)
-        if completion.complete and completion.text == self.shown:
-            self.stop.enough = True  # stable for a step: further steps would mostly polish text past the unit
+        if completion.complete and (draft.final or completion.text == self.shown):
+            self.stop.enough = True  # stable (for a step): further steps would mostly polish text past the unit
         changed = completion.text != self.shown or draft.step == 1
         self.shown = completion.text
         return draft.step, self.shown if changed else None
 
-    def finish(self, result: GenerationResult) -> Outcome:
+    def finish(self, result: Result) -> Outcome:
         mask = self.codec.special.mask
         filled = [t for t in result.tokens if t != mask]
         tokens = len(filled)
@@ -230,7 +113,7 @@ class InfillPlan(Plan):
         if result.cancelled:
             return Outcome(self.shown or "", result.steps, result.seconds, "cancelled", tokens=tokens)
         raw, _ = self.codec.text_of(filled)
-        text = finish(raw.removeprefix(self.healed.text), self.cursor, True, self.chat).text
+        text = finish(raw.removeprefix(self.heal_text), self.cursor, True, self.chat).text
         return Outcome(text, result.steps, result.seconds, "done", tokens=tokens)
 
 
@@ -248,20 +131,19 @@ class RewritePlan(Plan):
                 f"{model.spec.name} is a fill-in-the-middle model and cannot follow an instruction; rewrite "
                 "without one, or load a chat model (LLaDA2.1) to use instructions"
             )  # fmt: skip
-        self.selection = job.text[job.start : job.end]
-        before, after = window(job.text, job.start, job.end, job.context_tokens * CHARS_PER_TOKEN)
-        self.prompt = prompt = rewrite_prompt(before, self.selection, after, codec, model.max_positions,
+        self.selection = job.selection
+        self.prompt = prompt = rewrite_prompt(job.before, job.selection, job.after, codec, model.max_positions,
                                               job.context_tokens, job.instruction)  # fmt: skip
         self.started = time.perf_counter()
-        self.settings = model.engine.settings(
-            prompt.prompt.ids, prompt.gen_length, job.mode, eos_early_stop=True, mask_id=codec.special.mask,
-            eos_id=codec.special.eos, cancel=cancel, init_ids=prompt.init_ids, priority=1,
-        )  # fmt: skip
+        self.request = check_request(GenerationRequest(
+            prompt.prompt.ids, prompt.gen_length, job.mode, codec.special.mask, codec.special.eos, cancel=cancel,
+            init_ids=prompt.init_ids, priority=1,
+        ), model.max_positions)  # fmt: skip
 
     def on_draft(self, draft: Draft) -> tuple[int, str]:
         return draft.step, ""
 
-    def finish(self, result: GenerationResult) -> Outcome:
+    def finish(self, result: Result) -> Outcome:
         codec, job, selection = self.codec, self.job, self.selection
         seconds = time.perf_counter() - self.started
         filled = [t for t in result.tokens if t != codec.special.mask]
@@ -272,11 +154,12 @@ class RewritePlan(Plan):
         raw = strip_special(raw)
         if self.prompt.prompt.layout == "chat":
             raw, _ = unfence(raw, True)
-        line_start = job.text[job.text.rfind("\n", 0, job.start) + 1 : job.start]
+        line_start = job.before[job.before.rfind("\n") + 1 :]
         text = _keep_line_ends(bound_rewrite(raw, selection, line_start), selection)
         if text == selection:
             return Outcome(text, result.steps, seconds, "unchanged", "the model proposed no change", tokens)
-        reason = check_rewrite(job.text, job.start, job.end, text, job.python)
+        start = len(job.before)
+        reason = check_rewrite(job.before + selection + job.after, start, start + len(selection), text, job.python)
         if reason is not None:
             return Outcome(text, result.steps, seconds, "refused", reason, tokens)
         return Outcome(text, result.steps, seconds, "done", tokens=tokens)
@@ -284,12 +167,17 @@ class RewritePlan(Plan):
 
 def run_infill(model: LoadedModel, job: Infill, cancel: Flag, emit: Callable[[int, str | None], None]) -> Outcome:
     """One inline completion alone (InfillPlan); `emit(step, text or None)` after every step."""
-    return InfillPlan(model, job, cancel).run(model.engine, emit)
+    return InfillPlan(model, job, cancel).run(model, emit)
 
 
 def run_rewrite(model: LoadedModel, job: Rewrite, cancel: Flag, emit: Callable[[int, str], None]) -> Outcome:
     """One rewrite alone (RewritePlan); `emit(step, "")` after every step."""
-    return RewritePlan(model, job, cancel).run(model.engine, emit)
+    return RewritePlan(model, job, cancel).run(model, emit)
+
+
+def make_plan(model: LoadedModel, job: Job, cancel: Flag) -> Plan:
+    """The plan of a job (raises Refused subclasses for a job the model cannot do)."""
+    return InfillPlan(model, job, cancel) if isinstance(job, Infill) else RewritePlan(model, job, cancel)
 
 
 def _keep_line_ends(text: str, selection: str) -> str:
@@ -299,17 +187,6 @@ def _keep_line_ends(text: str, selection: str) -> str:
         text = text.replace("\r\n", "\n").replace("\n", "\r\n")
     ending = selection[len(selection.rstrip()) :]
     return text.rstrip() + ending
-
-
-def window(text: str, start: int, end: int, chars: int) -> tuple[str, str]:
-    """The text before `start` and after `end`, bounded for huge documents. The part before begins at
-    a line start fixed by the line of `start`, so it does not move while the user types on that line."""
-    line_start = text.rfind("\n", 0, start) + 1
-    lo = max(0, line_start - chars)
-    if lo > 0:
-        lo = text.find("\n", lo, line_start) + 1 or line_start
-    lo = max(lo, start - chars)  # a giant cursor line: its end only
-    return text[lo:start], text[end : end + chars]
 
 
 def _first(ids: list[int], value: int) -> int:

@@ -1,5 +1,6 @@
-"""The LSP front (pygls): handlers, documents, positions, settings, the headless client, and the
-completer that sends text to the model (in this process, or in the engine service).
+"""The LSP front (pygls): the protocol's fixes (protocol.py), the server's state (main.py) and its
+handlers (handlers.py), the transports (transport.py, tcp.py), documents, positions, settings, and the
+completer that sends jobs to the model (in this process, or in the engine service).
 
-Only `main` and `headless` know pygls; nothing here imports torch, transformers or tokenizers.
+Nothing here imports torch, transformers, tokenizers or httpx.
 """

@@ -2,8 +2,8 @@
 model thread) or an engine service over a socket (`RemoteCompleter`), behind one small interface:
 `run(key, label, job, on_draft) -> Outcome`, `cancel_key`, `status`, `stop`.
 
-Knows jobs as plain values (jobs.Infill / jobs.Rewrite) and the wire protocol; nothing of pygls. A
-remote completer imports no torch: a front connected to a service never loads the model's libraries.
+Knows jobs as plain values (completion/jobs.py) and the wire protocol; nothing of pygls. A remote
+completer imports no torch: a front connected to a service never loads the model's libraries.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import time
 from typing import Any, Callable
 
 from .. import wire
-from ..completion.codec import without_surrogates
-from ..completion.pipeline import CHARS_PER_TOKEN, Infill, InfillPlan, ModelSpec, Outcome, Rewrite, RewritePlan, window
+from ..address import parse_address
+from ..completion.generation import ModelSpec
+from ..completion.jobs import Job, Outcome, outcome_of, to_wire
+from ..completion.pipeline import make_plan
 from ..errors import Refused
-from ..service.address import parse_address
+from ..runtime.worker import ModelUnavailable, ModelWorker, Ticket
 from ..service.client import EngineClient, EngineFailure
-from ..service.worker import ModelUnavailable, ModelWorker, Ticket
 
-Job = Infill | Rewrite
 DraftCallback = Callable[[int, Any], None]
 
 
@@ -40,8 +40,7 @@ class LocalCompleter:
         return self.worker.load(spec, report)
 
     async def run(self, key: str, label: str, job: Job, on_draft: DraftCallback | None) -> Outcome:
-        plan = InfillPlan if isinstance(job, Infill) else RewritePlan
-        ticket = self.worker.submit(key, label, lambda model, t: plan(model, job, t), on_draft)
+        ticket = self.worker.submit(key, label, lambda model, t: make_plan(model, job, t), on_draft)
         try:
             return await asyncio.wrap_future(ticket.future)
         except asyncio.CancelledError:  # $/cancelRequest, a newer request, or shutdown
@@ -114,12 +113,8 @@ class RemoteCompleter:
     async def run(self, key: str, label: str, job: Job, on_draft: DraftCallback | None) -> Outcome:
         client = await self._connected()
         self._keys[key] = asyncio.current_task()  # the service supersedes the older request of the key
-        request = _message(client.next_id(), key, job, on_draft is not None)
         try:
-            if isinstance(request, wire.Infill):
-                done = await client.infill(request, on_draft)
-            else:
-                done = await client.rewrite(request, on_draft)
+            done = await client.request(to_wire(job, client.next_id(), key, on_draft is not None), on_draft)
         except EngineFailure as err:
             if err.kind == "cancelled":  # superseded by a newer request with the same key
                 raise asyncio.CancelledError() from None
@@ -128,7 +123,7 @@ class RemoteCompleter:
         finally:
             if self._keys.get(key) is asyncio.current_task():
                 del self._keys[key]
-        return Outcome(done.text, done.steps, done.seconds, done.stopped, done.reason)
+        return outcome_of(done)
 
     def cancel_key(self, key: str) -> None:
         task = self._keys.pop(key, None)
@@ -148,16 +143,3 @@ class RemoteCompleter:
         for task in self._keys.values():
             task.cancel()
         asyncio.ensure_future(self.client.close())
-
-
-def _message(request_id: int, key: str, job: Job, drafts: bool) -> wire.Infill | wire.Rewrite:
-    """The window of the document that the service's pipeline needs, cut as the pipeline cuts it."""
-    chars = job.context_tokens * CHARS_PER_TOKEN
-    # msgpack sends UTF-8, which has no lone surrogates: they go as U+FFFD, as the tokenizer would see them.
-    if isinstance(job, Infill):
-        before, after = map(without_surrogates, window(job.text, job.cursor, job.cursor, chars))
-        return wire.Infill(request_id, key, before, after, job.mode, job.max_tokens, job.context_tokens, drafts)
-    before, after = map(without_surrogates, window(job.text, job.start, job.end, chars))
-    selection = without_surrogates(job.text[job.start : job.end])
-    return wire.Rewrite(request_id, key, before, selection, after, job.mode, job.context_tokens,
-                        job.instruction, job.python, drafts)  # fmt: skip

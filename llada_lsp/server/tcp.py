@@ -21,9 +21,11 @@ from typing import Any, NoReturn
 
 from lsprotocol import types
 
-from ..service.address import parse_address
-from ..service.loop import run as run_loop
-from .main import REQUEST_FAILED, Launch, LladaServer, create_server, exit_now
+from ..address import parse_address
+from ..runtime.loop import run as run_loop
+from .handlers import create_server
+from .main import Launch, LladaServer
+from .protocol import REQUEST_FAILED, exit_now
 from .transport import FrameReader, serve_stream
 
 logger = logging.getLogger(__name__)

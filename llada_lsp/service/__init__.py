@@ -1,5 +1,6 @@
-"""The engine service: one process that owns the model (engine.py) and the client that LSP fronts use
-to reach it over a socket (client.py), both speaking llada_lsp.wire.
+"""The engine service: the sessions of many LSP fronts over one backend (sessions.py), where it
+listens (listener.py), and the client that fronts use to reach it (client.py), all speaking
+llada_lsp.wire. The process and its command line are commands/engine.py.
 
 Imports nothing here: a front that only needs the client must not pay for the model's imports.
 """

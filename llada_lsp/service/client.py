@@ -14,7 +14,7 @@ import os
 from typing import Any, Callable
 
 from .. import wire
-from .address import Address, parse_address
+from ..address import Address, parse_address
 
 logger = logging.getLogger(__name__)
 
@@ -85,12 +85,9 @@ class EngineClient:
         return next(self._ids)
 
     # --- requests -------------------------------------------------------------------------------
-    async def infill(self, request: wire.Infill, on_draft: DraftCallback | None = None) -> wire.Done:
+    async def request(self, request: wire.Infill | wire.Rewrite, on_draft: DraftCallback | None = None) -> wire.Done:
         """The engine's `done` for the request; `on_draft(step, text)` per draft if `request.drafts`.
         Cancelling the awaiting task sends a cancel."""
-        return await self._request(request, on_draft)
-
-    async def rewrite(self, request: wire.Rewrite, on_draft: DraftCallback | None = None) -> wire.Done:
         return await self._request(request, on_draft)
 
     def cancel(self, request_id: int) -> None:

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from ..completion import pipeline
+from ..backends import native
+from ..completion.generation import ModelSpec
 from . import corpus
 from .eval_infill import TASK_KINDS, Task, answer, make_tasks, paired, sign_test
 
@@ -104,8 +105,8 @@ def _loaded(path: str, device: str, threads: int):
     # On a GPU the engine's default K/V pool is a quarter of the free memory: far too much for the
     # parallel evaluation processes; 256 MB holds many 512-position sequences of these small models.
     cache_mb = 256.0 if device.startswith("cuda") else None
-    spec = pipeline.ModelSpec(path, device=device, dtype="float32", threads=threads, cache_mb=cache_mb)
-    return pipeline.load(spec, lambda *_: None)
+    spec = ModelSpec(path, device=device, dtype="float32", threads=threads, cache_mb=cache_mb)
+    return native.load(spec, lambda *_: None)
 
 
 def evaluate(unit: Unit) -> dict:

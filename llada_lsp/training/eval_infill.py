@@ -24,7 +24,10 @@ import torch
 from tqdm import tqdm
 
 from ..engine import PRESETS
-from ..completion import pipeline as jobs
+from ..backends.native import load as load_native
+from ..completion import jobs
+from ..completion.generation import ModelSpec
+from ..completion.pipeline import run_infill
 from .corpus import SourceFile, iter_files, load
 from .objective import cut_hole
 
@@ -127,8 +130,8 @@ def answer(model, tasks: list[Task], mode: str) -> tuple[list[str], dict]:
     and post-processing) in `mode`, cut to the task's unit; and the scores, tokens per forward included."""
     completions, tokens, steps, seconds = [], 0, 0, 0.0
     for t in tqdm(tasks, desc=f"{mode} {tasks[0].kind if tasks else ''}", leave=False, mininterval=2):
-        job = jobs.Infill(t.prefix + t.suffix, len(t.prefix), mode, jobs.MAX_TOKENS, jobs.CONTEXT_TOKENS)
-        out = jobs.run_infill(model, job, threading.Event(), lambda *_: None)
+        job = jobs.Infill.at(t.prefix + t.suffix, len(t.prefix), mode)
+        out = run_infill(model, job, threading.Event(), lambda *_: None)
         completions.append(cut_to_unit(t.kind, out.text))
         tokens += len(model.codec.encode(out.text))
         steps, seconds = steps + out.steps, seconds + out.seconds
@@ -156,7 +159,7 @@ def eval_infill_main(argv: list[str] | None = None) -> int:
         ap.error(f"--modes {args.modes!r}: choose from {', '.join(PRESETS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = jobs.load(jobs.ModelSpec(args.model, device=args.device, dtype=args.dtype), lambda *_: None)
+    model = load_native(ModelSpec(args.model, device=args.device, dtype=args.dtype), lambda *_: None)
     if not model.codec.special.has_fim:
         print("llada-lsp eval-infill: the model's tokenizer has no FIM tokens", file=sys.stderr)
         return 2

@@ -94,18 +94,21 @@ def eval_rewrite_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="also print the counts as one JSON line")
     args = ap.parse_args(argv)
     from ..engine import PRESETS
-    from ..completion import pipeline as jobs
+    from ..backends.native import load
+    from ..completion.generation import ModelSpec
+    from ..completion.jobs import Rewrite
+    from ..completion.pipeline import run_rewrite
 
     if args.mode not in PRESETS:
         ap.error(f"--mode {args.mode!r}: choose from {', '.join(PRESETS)}")
-    model = jobs.load(jobs.ModelSpec(args.model, device="cpu", dtype="float32", threads=args.threads), lambda *_: None)
+    model = load(ModelSpec(args.model, device="cpu", dtype="float32", threads=args.threads), lambda *_: None)
     selections = make_selections(args.n, args.seed)
     rows: list[dict] = []
     started = time.time()
     for sel in tqdm(selections, desc="rewrites", mininterval=2):
-        job = jobs.Rewrite(sel.text, sel.start, sel.end, args.mode, jobs.CONTEXT_TOKENS, None, python=True)
+        job = Rewrite.at(sel.text, sel.start, sel.end, args.mode, python=True)
         try:
-            out = jobs.run_rewrite(model, job, threading.Event(), lambda *_: None)
+            out = run_rewrite(model, job, threading.Event(), lambda *_: None)
         except ValueError as err:  # too long for the model: refused before decoding
             rows.append({"kind": sel.kind, "stopped": "too long", "reason": str(err), "parses": None, "steps": 0})
             continue

@@ -11,7 +11,7 @@ import argparse
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
-from .address import read_token
+from ..address import read_token
 
 MODES = ("speed", "quality")  # the modes editors ask for (engine.policy.PRESETS has these and more): a server each
 DEFAULT_TIMEOUT = 30.0  # seconds a server may send nothing in the middle of an answer

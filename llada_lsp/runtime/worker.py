@@ -2,9 +2,9 @@
 running one with the same key, cancel flags are checked between denoising steps, and drafts, progress
 and results are handed back to the event loop thread-safely.
 
-A job is a callable run on the thread. One that returns a completion Plan joins the engine's
-scheduler: every running plan's sequence advances in the same batched forward, and the thread keeps
-taking new jobs between steps. Any other return value is the job's result. A model load waits until
+A job is a callable run on the thread. One that returns a completion Plan joins the loaded model's
+batch (backends/native.NativeBatch): every running plan's request advances in the same batched
+forward, and the thread keeps taking new jobs between steps. Any other return value is the job's result. A model load waits until
 no sequence runs. Knows nothing of the LSP or of what a plan computes.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import queue
 import threading
 import time
@@ -20,7 +19,8 @@ from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
-from ..completion.pipeline import LoadedModel, ModelSpec, Plan, load
+from ..completion.generation import LoadedModel, ModelSpec
+from ..completion.pipeline import Plan
 from ..errors import BadLogits, CheckpointError, Refused
 from .loop import call_on_loop
 
@@ -81,11 +81,6 @@ class Ticket:
             pass
 
 
-def step_delay_from_env() -> float:
-    """The test hook LLADA_LSP_TEST_STEP_DELAY_MS (see ModelWorker), in seconds; 0 when unset."""
-    return float(os.environ.get("LLADA_LSP_TEST_STEP_DELAY_MS", "0") or 0) / 1000
-
-
 class KeyedJobs:
     """Supersede by key, for a worker whose tickets are handed out on the loop: a newer ticket of a key
     cancels the one before it. The worker sets `_latest = {}` (key -> its newest ticket)."""
@@ -115,14 +110,11 @@ class KeyedJobs:
 class ModelWorker(KeyedJobs):
     """`load()` and `submit()` from the event loop; everything they queue runs on one thread, in order."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, log: Callable[[str], None], step_delay: float = 0.0,
-                 loader: Loader = load):  # fmt: skip
-        """`log(line)` runs on the loop after every job. `step_delay`: seconds slept after every
-        denoising step, a test hook that makes a tiny model as slow as a big one
-        (LLADA_LSP_TEST_STEP_DELAY_MS); 0 in normal use. `loader(spec, report, cancelled)` reads a model,
-        stopping when `cancelled()` turns true.
+    def __init__(self, loop: asyncio.AbstractEventLoop, log: Callable[[str], None], loader: Loader):
+        """`log(line)` runs on the loop after every job. `loader(spec, report, cancelled)` reads a model
+        (backends/native.load), stopping when `cancelled()` turns true; the model's `batch` decodes.
         Jobs taken but not started (behind a load) are `held`; plans decoding are `live` by sequence id."""
-        self.loop, self.log, self.step_delay, self.loader = loop, log, step_delay, loader
+        self.loop, self.log, self.loader = loop, log, loader
         self.model: LoadedModel | None = None
         self.state, self.error, self.spec = "loading", None, ModelSpec(None)
         self._queue: queue.Queue[Ticket | None] = queue.Queue()
@@ -200,7 +192,7 @@ class ModelWorker(KeyedJobs):
         try:
             out = ticket.job(self.model, ticket)
             if isinstance(out, Plan):
-                self.live[self.model.engine.scheduler.add(out.settings)] = (ticket, out)
+                self.live[self.model.batch.add(out.request)] = (ticket, out)
                 return
             ticket.resolve(out)
         except Exception as err:
@@ -209,34 +201,32 @@ class ModelWorker(KeyedJobs):
 
     def _step(self) -> None:
         """One batched forward of every live plan; drafts to their tickets, ends answered."""
+        batch = self.model.batch
         try:
-            events = self.model.engine.scheduler.step()
+            events = batch.step()
         except Exception as err:  # the forward failed: every sequence in it is answered, the thread goes on
             logger.exception("a batched step failed")
-            scheduler = self.model.engine.scheduler
             for seq_id, (ticket, _) in self.live.items():
-                scheduler.abort(seq_id)
+                batch.abort(seq_id)
                 ticket.resolve(error=err)
-            scheduler.drain()
+            batch.drain()
             self.live.clear()
             return
-        for event in events:
-            ticket, plan = self.live[event.id]
+        for seq_id, draft, result, error in events:
+            ticket, plan = self.live[seq_id]
             try:
-                if event.draft is not None:
-                    ticket.emit(*plan.on_draft(event.draft))
+                if draft is not None:
+                    ticket.emit(*plan.on_draft(draft))
                     continue
-                del self.live[event.id]
-                if event.error is not None:
-                    raise event.error
-                ticket.resolve(plan.finish(event.result))
+                del self.live[seq_id]
+                if error is not None:
+                    raise error
+                ticket.resolve(plan.finish(result))
             except Exception as err:  # a plan's own failure answers its request only
-                if self.live.pop(event.id, None) is not None:
-                    self.model.engine.scheduler.abort(event.id)
+                if self.live.pop(seq_id, None) is not None:
+                    batch.abort(seq_id)
                 self._failed(ticket, err)
             self._log_job(ticket)
-        if self.step_delay:
-            time.sleep(self.step_delay)
 
     def _failed(self, ticket: Ticket, err: Exception) -> None:
         if isinstance(err, Refused):  # expected: the user is told why
@@ -248,15 +238,15 @@ class ModelWorker(KeyedJobs):
         ticket.resolve(error=err)
 
     def stats(self) -> dict[str, Any]:
-        """The scheduler's and the cache's counts (read on the loop: plain numbers, never torch)."""
-        engine = getattr(self.model, "engine", None)
-        if engine is None:
+        """The backend's counts, jobs held behind a load among the queued (read on the loop: plain numbers)."""
+        model = self.model
+        if model is None or model.batch is None:
             return {}
-        scheduler, cache = engine.scheduler, engine.cache
-        return {"running": len(scheduler.running), "queued": scheduler.queued + len(self.held),
-                "steps": scheduler.stats.steps, "batch_mean": scheduler.stats.batch_mean,
-                "batch_max": scheduler.stats.batch_max, "cache_blocks_used": cache.used,
-                "cache_blocks_free": cache.free, "cache_hit_rate": cache.stats.hit_rate}  # fmt: skip
+        stats = model.batch.stats()
+        return stats | {"queued": stats.get("queued", 0) + len(self.held)}
+
+    async def aclose(self) -> None:
+        """Nothing is owed once `stop` has returned (the Backend protocol)."""
 
     def _run_load(self, ticket: Ticket) -> None:
         self.model, self.state = None, "loading"  # the old model's memory is freed before the new one is read

@@ -17,8 +17,8 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pygls.lsp.client import LanguageClient
 
-from .documents import Document
-from .positions import UTF16, to_character
+from ..server.documents import Document
+from ..server.positions import UTF16, to_character
 
 SPOT = re.compile(r"^(?P<file>.+):(?P<line>\d+):(?P<col>\d+)$")
 SPAN = re.compile(r"^(?P<file>.+):(?P<l1>\d+):(?P<c1>\d+)-(?P<l2>\d+):(?P<c2>\d+)$")
@@ -150,24 +150,25 @@ def _fail(session: Session | None, message: str) -> int:
     return 1
 
 
+def _parser(command: str, description: str) -> argparse.ArgumentParser:
+    return _common(argparse.ArgumentParser(prog=f"llada-lsp {command}", description=description))
+
+
 def complete_main(argv: list[str] | None = None) -> int:
-    ap = _common(argparse.ArgumentParser(
-        prog="llada-lsp complete",
-        description="Print the inline completion at FILE:LINE:COL (1-based line and column, the column in "
-        "characters), asked of a llada-lsp server started over stdio as an editor would.",
-    ))  # fmt: skip
+    ap = _parser("complete", "Print the inline completion at FILE:LINE:COL (1-based line and column, the column "
+                 "in characters), asked of a llada-lsp server started over stdio as an editor would.")  # fmt: skip
     ap.add_argument("spot", metavar="FILE:LINE:COL")
     ap.add_argument("--max-tokens", type=int, help="maxCompletionTokens (the server's default: 64)")
     ap.add_argument("--drafts", action="store_true", help="also print each live draft on stderr as it arrives")
     args = ap.parse_args(argv)
     try:
         doc, path, m = _open(args.spot, SPOT, "FILE:LINE:COL")
-        line, col = int(m["line"]), int(m["col"])
-        _check(doc, path, line, col)
+        spot = (int(m["line"]), int(m["col"]))
+        _check(doc, path, *spot)
     except InputError as err:
         return _usage_error("complete", err)
     options = _options(args, inlineMode=args.mode, maxCompletionTokens=args.max_tokens)
-    return _run(_complete(doc, path, line, col, args, options))
+    return _run(_complete(doc, path, *spot, args, options))
 
 
 async def _complete(doc: Document, path: Path, line: int, col: int, args, options) -> int:
@@ -186,11 +187,9 @@ async def _complete(doc: Document, path: Path, line: int, col: int, args, option
 
 
 def rewrite_main(argv: list[str] | None = None) -> int:
-    ap = _common(argparse.ArgumentParser(
-        prog="llada-lsp rewrite",
-        description="Rewrite the span FILE:L1:C1-L2:C2 (1-based, columns in characters, end exclusive) with "
-        "llada.rewriteSelection through a llada-lsp server started over stdio, and print the new text.",
-    ))  # fmt: skip
+    ap = _parser("rewrite", "Rewrite the span FILE:L1:C1-L2:C2 (1-based, columns in characters, end exclusive) "
+                 "with llada.rewriteSelection through a llada-lsp server started over stdio, and print the new "
+                 "text.")  # fmt: skip
     ap.add_argument("span", metavar="FILE:L1:C1-L2:C2")
     ap.add_argument("--instruction", help="what to change; used by chat-template models (LLaDA2.1), refused "
                     "with a message by fill-in-the-middle models such as the embedded one")  # fmt: skip

@@ -1,0 +1,108 @@
+"""The native backend: the model loaded in this process and its engine's scheduler, behind the
+pipeline's neutral generation requests (`NativeBatch`), driven by the model thread (runtime/worker.py).
+
+Owns loading (weights, tokenizer, warm-up) and the mapping of GenerationRequest onto engine Settings
+and of the engine's drafts and results back. Knows nothing of plans' text, sockets or the LSP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Callable, Generator
+
+from ..completion.generation import Draft, GenerationRequest, LoadedModel, ModelSpec, Result
+from ..errors import CheckpointError
+from ..runtime.worker import ModelWorker
+from .base import Report, load_codec
+
+if TYPE_CHECKING:  # torch is imported on the model thread, when a model loads, not with the server
+    from ..engine import Engine
+    from ..engine.scheduler import Event
+
+
+class NativeBatch:
+    """The engine's scheduler in the pipeline's terms: `add` a request, `step` every running one in one
+    batched forward (events with neutral drafts and results), `abort`, `drain`, `stats`."""
+
+    def __init__(self, engine: Engine):
+        self.engine, self.scheduler = engine, engine.scheduler
+
+    def settings(self, request: GenerationRequest):
+        return self.engine.settings(
+            request.prompt_ids, request.gen_length, request.mode, eos_early_stop=request.eos_early_stop,
+            mask_id=request.mask_id, eos_id=request.eos_id, cancel=request.cancel, init_ids=request.init_ids,
+            first_allowed=request.first_allowed, priority=request.priority,
+        )  # fmt: skip
+
+    def add(self, request: GenerationRequest) -> int:
+        """The sequence's id; Busy when the queue is full, TooLong when the K/V pool cannot hold it."""
+        return self.scheduler.add(self.settings(request))
+
+    def step(self) -> list[tuple[int, Draft | None, Result | None, Exception | None]]:
+        """(sequence id, draft, result, error) for every running sequence the forward advanced or ended."""
+        return [_neutral(event) for event in self.scheduler.step()]
+
+    def abort(self, seq_id: int) -> None:
+        self.scheduler.abort(seq_id)
+
+    def drain(self) -> None:
+        self.scheduler.drain()
+
+    @property
+    def idle(self) -> bool:
+        return self.scheduler.idle()
+
+    def stats(self) -> dict[str, Any]:
+        """The scheduler's and the cache's counts (plain numbers, never torch)."""
+        scheduler, cache = self.scheduler, self.engine.cache
+        return {"running": len(scheduler.running), "queued": scheduler.queued, "steps": scheduler.stats.steps,
+                "batch_mean": scheduler.stats.batch_mean, "batch_max": scheduler.stats.batch_max,
+                "cache_blocks_used": cache.used, "cache_blocks_free": cache.free,
+                "cache_hit_rate": cache.stats.hit_rate}  # fmt: skip
+
+    def generate(self, request: GenerationRequest) -> Generator[Draft, None, Result]:
+        """One sequence alone (the scheduler otherwise idle): its drafts, then its result."""
+        gen = self.engine.start(self.settings(request))
+        for draft in gen:
+            yield Draft(draft.step, draft.generated)
+        return _result(gen.result)
+
+
+def _neutral(event: Event) -> tuple[int, Draft | None, Result | None, Exception | None]:
+    draft = Draft(event.draft.step, event.draft.generated) if event.draft is not None else None
+    result = _result(event.result) if event.result is not None else None
+    return event.id, draft, result, event.error
+
+
+def _result(result) -> Result:
+    return Result(result.tokens, result.steps, result.seconds, result.cancelled)
+
+
+def load(spec: ModelSpec, report: Report, cancelled: Callable[[], bool] | None = None) -> LoadedModel:
+    """Raises CheckpointError with a one-line message when the model cannot be used; LoadAbandoned (a
+    CheckpointError) at the next tensor once `cancelled()` is true."""
+    report(f"reading {spec.name}", 10)
+    import torch
+
+    from ..engine import Engine
+    from ..model import load_model
+
+    if spec.threads:  # threads that outnumber the free cores spin against each other: a step can take 50x longer
+        torch.set_num_threads(spec.threads)
+    model = load_model(spec.path, device=spec.device, dtype=spec.dtype, cancelled=cancelled, quantize=spec.quantize,
+                       devices=list(spec.devices) if spec.devices else None)  # fmt: skip
+    report("reading the tokenizer", 70)
+    codec = load_codec(spec.path, spec.name)
+    if codec.special.mask is None and model.config.mask_token_id is None:
+        raise CheckpointError(f"{spec.name}: the tokenizer has no <|mask|> token")
+    report("warming up", 90)
+    engine = Engine(model, cache_mb=spec.cache_mb, prefix_cache=spec.prefix_cache, max_batch=spec.max_batch,
+                    max_queue=spec.max_queue)  # fmt: skip
+    # First-call costs (allocations, kernel selection) are paid here, not on the first keystroke.
+    engine.generation(codec.encode("def f():\n"), 1, "speed", mask_id=codec.special.mask).run()
+    return LoadedModel(spec, codec, model.config.max_position_embeddings, engine.block_size, NativeBatch(engine))
+
+
+def start(loop: asyncio.AbstractEventLoop, log: Callable[[str], None]) -> ModelWorker:
+    """The model thread over this backend (what `load` reads is loaded there)."""
+    return ModelWorker(loop, log, loader=load)

@@ -1,0 +1,115 @@
+"""What a front asks for and gets back: an inline completion (`Infill`) or a rewrite (`Rewrite`) as
+the window of text around the cursor or the selection, cut once here, and its `Outcome`; and their
+conversion to and from the engine service's wire messages.
+
+Plain values and the standard library only: the LSP front imports this without torch. Knows nothing of
+tokens, models or the LSP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import wire
+from .codec import without_surrogates
+from .prompt import CHARS_PER_TOKEN
+
+MAX_TOKENS = 64  # a completion's length, unless a request says otherwise (the server's maxCompletionTokens)
+CONTEXT_TOKENS = 1024  # the prompt's budget, unless a request says otherwise (the server's contextTokens)
+
+
+@dataclass(frozen=True)
+class Infill:
+    """Complete at the cursor, which sits between `before` and `after` (the window, not the document)."""
+
+    before: str
+    after: str
+    mode: str
+    max_tokens: int
+    context_tokens: int
+
+    @classmethod
+    def at(cls, text: str, cursor: int, mode: str, max_tokens: int = MAX_TOKENS,
+           context_tokens: int = CONTEXT_TOKENS) -> Infill:  # fmt: skip
+        """The job for a cursor at str index `cursor` of the whole document `text`."""
+        before, after = window(text, cursor, cursor, context_tokens * CHARS_PER_TOKEN)
+        return cls(before, after, mode, max_tokens, context_tokens)
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """Revise `selection`, which sits between `before` and `after` (the window around it)."""
+
+    before: str
+    selection: str
+    after: str
+    mode: str
+    context_tokens: int
+    instruction: str | None = None
+    python: bool = False  # parse-checked with ast; other languages are held to their brackets and quotes
+
+    @classmethod
+    def at(cls, text: str, start: int, end: int, mode: str, context_tokens: int = CONTEXT_TOKENS,
+           instruction: str | None = None, python: bool = False) -> Rewrite:  # fmt: skip
+        """The job for the selection text[start:end] of the whole document `text`."""
+        before, after = window(text, start, end, context_tokens * CHARS_PER_TOKEN)
+        return cls(before, text[start:end], after, mode, context_tokens, instruction, python)
+
+
+Job = Infill | Rewrite
+
+
+@dataclass(frozen=True)
+class Outcome:
+    text: str
+    steps: int
+    seconds: float
+    # "done" | "unit" (the unit at the cursor was complete and stable) | "cancelled"; rewrites also
+    # "unchanged" (the model kept the selection) and "refused" (it would break the code: see `reason`)
+    stopped: str
+    reason: str = ""
+    tokens: int = 0  # positions the model generated (filled), for throughput figures
+
+
+def window(text: str, start: int, end: int, chars: int) -> tuple[str, str]:
+    """The text before `start` and after `end`, bounded for huge documents. The part before begins at
+    a line start fixed by the line of `start`, so it does not move while the user types on that line."""
+    line_start = text.rfind("\n", 0, start) + 1
+    lo = max(0, line_start - chars)
+    if lo > 0:
+        lo = text.find("\n", lo, line_start) + 1 or line_start
+    lo = max(lo, start - chars)  # a giant cursor line: its end only
+    return text[lo:start], text[end : end + chars]
+
+
+def trimmed(before: str, after: str, chars: int) -> tuple[str, str]:
+    """A window cut further to `chars` each side, as `window` would have cut the document."""
+    return window(before, len(before), len(before), chars)[0], after[:chars]
+
+
+# --- the engine service's wire ----------------------------------------------------------------------
+def to_wire(job: Job, request_id: int, key: str, drafts: bool) -> wire.Infill | wire.Rewrite:
+    """The request frame of a job. msgpack sends UTF-8, which has no lone surrogates: they go as U+FFFD,
+    as the tokenizer would see them."""
+    before, after = without_surrogates(job.before), without_surrogates(job.after)
+    if isinstance(job, Infill):
+        return wire.Infill(request_id, key, before, after, job.mode, job.max_tokens, job.context_tokens, drafts)
+    return wire.Rewrite(request_id, key, before, without_surrogates(job.selection), after, job.mode,
+                        job.context_tokens, job.instruction, job.python, drafts)  # fmt: skip
+
+
+def from_wire(request: wire.Infill | wire.Rewrite) -> Job:
+    """The job a request frame carries: its window, as the front cut it."""
+    if isinstance(request, wire.Infill):
+        return Infill(request.before, request.after, request.mode, request.max_tokens, request.context_tokens)
+    return Rewrite(request.before, request.selection, request.after, request.mode, request.context_tokens,
+                   request.instruction, request.python)  # fmt: skip
+
+
+def outcome_of(done: wire.Done) -> Outcome:
+    return Outcome(done.text, done.steps, done.seconds, done.stopped, done.reason, done.tokens)
+
+
+def done_of(request_id: int, outcome: Outcome) -> wire.Done:
+    return wire.Done(request_id, outcome.text, outcome.steps, outcome.seconds, outcome.stopped, outcome.reason,
+                     outcome.tokens)  # fmt: skip

@@ -1,0 +1,201 @@
+"""The LSP handlers, each a few lines: fetch the document, start a model job or call a pure function,
+convert to lsprotocol types; and `create_server`, which registers them.
+
+Knows pygls and lsprotocol, and jobs as plain values; the server's state is main.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import cattrs
+from lsprotocol import types
+from pygls.exceptions import JsonRpcInvalidParams
+from pygls.protocol import default_converter
+
+from ..completion.jobs import Rewrite
+from ..completion.syntax import is_python
+from .main import Launch, LladaServer
+from .settings import settings_section
+from .protocol import why
+
+REWRITE, STATUS = "llada.rewriteSelection", "llada.status"
+_CONVERTER = default_converter()  # stateless: structures command arguments
+
+
+async def initialize(ls: LladaServer, params: types.InitializeParams) -> None:
+    experimental = params.capabilities.experimental
+    ls.drafts = isinstance(experimental, dict) and experimental.get("lladaDrafts") is True
+    ls.configure(params.initialization_options)
+    await ls.start_engine()
+
+
+async def initialized(ls: LladaServer, params: types.InitializedParams) -> None:
+    ls.flush_told()
+    await ls.show_load_progress()
+
+
+def did_change_configuration(ls: LladaServer, params: types.DidChangeConfigurationParams) -> None:
+    if ls.configure(settings_section(params.settings)):
+        ls.background(ls.show_load_progress())
+
+
+async def inline_completion(ls: LladaServer, params: types.InlineCompletionParams) -> types.InlineCompletionList:
+    found = ls.locate(params.text_document.uri, params.position)
+    if found is None:
+        return types.InlineCompletionList(items=[])
+    doc, offset, at = found
+    text = await ls.complete(doc, offset, at, "inline")
+    items = [types.InlineCompletionItem(insert_text=text, range=types.Range(at, at))] if text else []
+    return types.InlineCompletionList(items=items)
+
+
+async def completion(ls: LladaServer, params: types.CompletionParams) -> types.CompletionList:
+    found = ls.locate(params.text_document.uri, params.position)
+    if found is None:
+        return types.CompletionList(is_incomplete=True, items=[])
+    doc, offset, at = found
+    text = await ls.complete(doc, offset, at, "completion")
+    if not text:
+        return types.CompletionList(is_incomplete=True, items=[])
+    # The item replaces the word typed so far with that word completed (`val|` -> `values(values):`):
+    # clients filter items by the text from the word's start, and insert the edit's range whole.
+    word = _word_before(doc.text, offset)
+    start = types.Position(*doc.position(offset - len(word), ls.encoding))
+    label = (word + text).strip().splitlines()[0]
+    item = types.CompletionItem(
+        label=label, filter_text=word + text.split("\n", 1)[0], kind=types.CompletionItemKind.Text, detail="llada",
+        text_edit=types.TextEdit(types.Range(start, at), word + text),
+        insert_text_format=types.InsertTextFormat.PlainText, sort_text="0",
+    )  # fmt: skip
+    return types.CompletionList(is_incomplete=True, items=[item])
+
+
+def _word_before(text: str, offset: int) -> str:
+    """The identifier characters right before `offset` on its line."""
+    start = offset
+    while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
+        start -= 1
+    return text[start:offset]
+
+
+@dataclass(frozen=True)
+class RewriteArgument:
+    """The one argument of llada.rewriteSelection (docs/protocol.md)."""
+
+    uri: str
+    version: int
+    range: types.Range
+    instruction: str | None
+
+    @classmethod
+    def parse(cls, arguments: Any) -> "RewriteArgument":
+        usage = f"{REWRITE} takes one argument {{textDocument: {{uri, version}}, range, instruction?}}"
+        if not isinstance(arguments, (list, tuple)) or len(arguments) != 1 or not isinstance(arguments[0], dict):
+            raise JsonRpcInvalidParams(usage)
+        arg = arguments[0]
+        doc, instruction = arg.get("textDocument"), arg.get("instruction")
+        if not isinstance(doc, dict) or not isinstance(doc.get("uri"), str) or type(doc.get("version")) is not int:
+            raise JsonRpcInvalidParams(f"{usage}: textDocument needs a string uri and an integer version")
+        if instruction is not None and not isinstance(instruction, str):
+            raise JsonRpcInvalidParams(f"{usage}: instruction must be a string")
+        try:
+            rng = _CONVERTER.structure(arg.get("range"), types.Range)
+        except (cattrs.BaseValidationError, TypeError, ValueError) as err:
+            raise JsonRpcInvalidParams(f"{usage}: range: {why(err) or err}") from None
+        return cls(doc["uri"], doc["version"], rng, instruction or None)
+
+
+async def rewrite_selection(ls: LladaServer, params: types.ExecuteCommandParams) -> dict[str, Any]:
+    arg = RewriteArgument.parse(params.arguments)
+    doc = ls.documents.get(arg.uri)
+    if doc is None or doc.version != arg.version:
+        return not_applied(ls, arg)
+    start, end, target = ls.span(doc, arg.range)
+    job = Rewrite.at(doc.text, start, end, ls.settings.rewrite_mode, ls.settings.context_tokens, arg.instruction,
+                     is_python(doc.language, doc.uri))  # fmt: skip
+    with WorkDone(ls, params.work_done_token, "llada: rewriting the selection") as progress:
+        outcome = await ls.run_job(f"rewrite:{arg.uri}", f"rewrite {ls.protocol.msg_id}", job, progress.step)
+    if outcome.stopped in ("unchanged", "refused"):  # nothing to apply: the client is told why
+        ls.log(f"rewrite of {arg.uri} not applied: {outcome.reason}", types.MessageType.Info)
+        return {"applied": False, "changed": outcome.stopped != "unchanged", "text": outcome.text, "reason": outcome.reason}
+    return await apply_rewrite(ls, arg, target, outcome.text)
+
+
+class WorkDone:
+    """Work-done progress on a client-given token: begin, one report per denoising step, end."""
+
+    def __init__(self, ls: LladaServer, token, title: str):
+        self.ls, self.token, self.title = ls, token, title
+
+    def __enter__(self) -> "WorkDone":
+        if self.token is not None:
+            self.ls.work_done_progress.begin(self.token, types.WorkDoneProgressBegin(title=self.title))
+        return self
+
+    def step(self, step: int, _payload: Any) -> None:
+        if self.token is not None:
+            self.ls.work_done_progress.report(self.token, types.WorkDoneProgressReport(message=f"step {step}"))
+
+    def __exit__(self, *exc) -> None:
+        if self.token is not None:
+            self.ls.work_done_progress.end(self.token, types.WorkDoneProgressEnd())
+
+
+async def status(ls: LladaServer, params: types.ExecuteCommandParams) -> dict[str, Any]:
+    """Also where a front whose service went away finds it back: clients ask while it is unavailable."""
+    await ls.reach_engine()
+    return ls.status()
+
+
+def shutdown(ls: LladaServer, params: None) -> None:
+    """Answers at once: a step in flight is cancelled, not waited for."""
+    ls.shutdown_requested = True
+    if ls.completer is not None:
+        ls.completer.stop()
+
+
+def exit_(ls: LladaServer, params: None) -> None:
+    if ls.completer is not None:
+        ls.completer.stop()
+
+
+def create_server(launch: Launch, server: type[LladaServer] = LladaServer) -> LladaServer:
+    ls = server(launch)
+    ls.feature(types.INITIALIZE)(initialize)
+    ls.feature(types.INITIALIZED)(initialized)
+    ls.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)(did_change_configuration)
+    ls.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())(inline_completion)
+    # Non-empty options: Vim's ALE reads an empty object as "no completion support".
+    options = types.CompletionOptions(trigger_characters=["."], resolve_provider=False)
+    ls.feature(types.TEXT_DOCUMENT_COMPLETION, options)(completion)
+    ls.feature(types.SHUTDOWN)(shutdown)
+    ls.feature(types.EXIT)(exit_)
+    ls.command(REWRITE)(rewrite_selection)
+    ls.command(STATUS)(status)
+    return ls
+
+
+async def apply_rewrite(ls: LladaServer, arg: RewriteArgument, target: types.Range, text: str) -> dict[str, Any]:
+    """workspace/applyEdit of the rewrite, versioned: a document that moved on is left alone."""
+    doc = ls.documents.get(arg.uri)
+    if doc is None or doc.version != arg.version:
+        return not_applied(ls, arg, text)
+    change = types.TextDocumentEdit(
+        types.OptionalVersionedTextDocumentIdentifier(arg.uri, arg.version), [types.TextEdit(target, text)]
+    )  # fmt: skip
+    edit = types.ApplyWorkspaceEditParams(types.WorkspaceEdit(document_changes=[change]), label="llada: rewrite")
+    answer = await ls.workspace_apply_edit_async(edit)
+    if answer.applied:
+        return {"applied": True, "changed": True, "text": text}
+    reason = answer.failure_reason or "the client did not apply the edit"
+    return {"applied": False, "changed": True, "text": text, "reason": reason}
+
+def not_applied(ls: LladaServer, arg: RewriteArgument, text: str = "") -> dict[str, Any]:
+    doc = ls.documents.get(arg.uri)
+    if doc is None:
+        reason = f"{arg.uri} is not open"
+    else:
+        reason = f"the document is at version {doc.version}, the rewrite was asked for version {arg.version}"
+    return {"applied": False, "text": text, "reason": reason}
