@@ -65,8 +65,8 @@ def test_a_few_steps_lower_the_loss(tmp_path, restore_threads):
 
 
 def test_fim_samples_end_with_a_run_of_end_of_text():
-    from llada_lsp.model import load_tokenizer
     from llada_lsp.completion.layouts import SpecialIds
+    from llada_lsp.model import load_tokenizer
     from llada_lsp.training.objective import SampleStream
 
     tok = load_tokenizer(None)

@@ -11,10 +11,9 @@ token and both engines would only measure fallback steps.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
-
-import json
 from pathlib import Path
 
 import torch
@@ -22,8 +21,7 @@ import torch
 from .. import kernels
 from ..engine import PRESETS, Engine, GenerationResult
 from ..engine.policy import joint_threshold
-from ..model import BlockKVCache, LLaDA2, LLaDA2Config
-from ..model import fp8
+from ..model import BlockKVCache, LLaDA2, LLaDA2Config, fp8
 from ..model.llada2 import rope_cos_sin
 from ..model.loader import tensor_dtype
 

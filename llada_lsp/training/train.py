@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from ..completion.layouts import SpecialIds
 from ..model import LLaDA2, LLaDA2Config, load_model, save_model
 from ..model.loader import resolve_device
-from ..completion.layouts import SpecialIds
 from . import corpus
 from .objective import HOLE_WEIGHTS, SampleStream, block_diffusion_loss, training_mask
 from .tokenizer import save_tokenizer, train_tokenizer
