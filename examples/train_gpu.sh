@@ -2,7 +2,8 @@
 # The embedded model's v2 run on one CUDA GPU: train a candidate within a time budget (bf16 autocast,
 # 128 x 512-token sequences per step, 8 sample-building workers, the confidence-aware loss), then score
 # it beside the shipped model on held-out standard-library and third-party files in parallel processes,
-# and print one summary ending in "v2 ships: yes|no" (the rule: llada_lsp/training/candidate.py).
+# and print one summary ending in "v2 ships: yes|no" (the rule: llada_lsp/training/candidate.py;
+# the run: llada_lsp/commands/candidate.py).
 # Resumes: a run folder that holds state.pt continues up to the same total budget.
 #
 # The GPU machine has no network, so build the corpus beforehand where pip reaches PyPI:
@@ -12,12 +13,12 @@
 # Usage: examples/train_gpu.sh OUT [MINUTES] [FLAGS...]
 #   OUT      run folder; the candidate is written to OUT/export, the summary to OUT/summary.{md,json}
 #   MINUTES  training budget (default 7)
-#   FLAGS    for python -m llada_lsp.training.candidate, and from there for `llada-lsp train`, e.g.
+#   FLAGS    for python -m llada_lsp.commands.candidate, and from there for `llada-lsp train`, e.g.
 #            --phase train (only train), --phase eval (only score), --recipe scratch (a 12.3M network
 #            from random weights instead of continuing the shipped one), --jobs 8, --n 300
 set -euo pipefail
 out=${1:?usage: examples/train_gpu.sh OUT [MINUTES] [FLAGS...]}
 minutes=${2:-7}
 shift $(($# < 2 ? $# : 2))
-exec python3 -m llada_lsp.training.candidate --out "$out" --minutes "$minutes" --corpus "${CORPUS:-.corpus}" \
+exec python3 -m llada_lsp.commands.candidate --out "$out" --minutes "$minutes" --corpus "${CORPUS:-.corpus}" \
     --device cuda --eval-device cuda --jobs "${JOBS:-12}" "$@"

@@ -22,8 +22,8 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("bench", "bench_main", "cached engine vs recompute-everything baseline on CPU"),
     "plan": ("plan", "plan_main", "memory per device for a checkpoint, and whether it fits (no weights read)"),
     "train": ("train", "train_main", "train the embedded model (CPU, resumable)"),
-    "eval-infill": ("evaluate", "eval_infill_main", "score infill on held-out standard-library files"),
-    "eval-rewrite": ("evaluate", "eval_rewrite_main", "rewrite held-out selections: parsed, applied, refused"),
+    "eval-infill": ("eval_infill", "eval_infill_main", "score infill on held-out standard-library files"),
+    "eval-rewrite": ("eval_rewrite", "eval_rewrite_main", "rewrite held-out selections: parsed, applied, refused"),
 }
 
 

@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from llada_lsp.commands import bench
+from llada_lsp.engine import Engine
+from llada_lsp.model import load_model
 from llada_lsp.model.config import SIZE_KEYS
 
 CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
@@ -24,6 +26,19 @@ def one_thread(one_thread_per_module):
 
 def table(out: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if re.match(r"\| \d", line)]
+
+
+def test_the_timed_cached_run_pays_its_own_prefill(golden_dir):
+    """The warm-up decodes the prompt's first two blocks; the timed run must compute them again, not
+    take them from the warm-up (a prefix cache would), or the table measures less than it says."""
+    model = load_model(golden_dir, device="cpu", dtype=torch.float32)
+    prompt = [(7 * i) % 400 + 10 for i in range(96)]  # three whole blocks
+    with_prefix_cache = Engine(model)  # what the bench must not time: the warm-up's blocks come back
+    assert bench.compare(with_prefix_cache, Engine(model, use_cache=False), prompt, 32, "speed")[0].reused_tokens == 64
+    cached, baseline = bench.engines(model)
+    timed, reference, seconds = bench.compare(cached, baseline, prompt, 32, "speed")
+    assert timed.reused_tokens == 0 and cached.cache.stats.hits == 0
+    assert timed.prefill_forwards == 1 and timed.tokens == reference.tokens and seconds > 0
 
 
 @pytest.mark.parametrize("name", list(bench.SHAPES))

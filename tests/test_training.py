@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from llada_lsp.training import train
+from llada_lsp.commands.train import train_main
 from llada_lsp.training.corpus import is_held_out, iter_files
 from llada_lsp.training.objective import cut_hole, noise_batch, training_mask
 
@@ -54,19 +54,19 @@ def test_a_few_steps_lower_the_loss(tmp_path, restore_threads):
     argv = ["--out", str(tmp_path), "--steps", "40", "--batch", "4", "--seq-len", "64", "--corpus-limit", "12",
             "--vocab-size", "600", "--warmup", "5", "--lr", "1e-2", "--save-every", "1000", "--threads", "1",
             "--config", json.dumps(config), "--export", str(tmp_path / "export")]
-    assert train.train_main(argv) == 0
+    assert train_main(argv) == 0
     state = torch.load(tmp_path / "state.pt", weights_only=False)
     losses = state["losses"]
     assert state["step"] == 40 and len(losses) == 40
     assert sum(losses[-8:]) / 8 < sum(losses[:8]) / 8 - 0.5, losses
     assert (tmp_path / "export" / "model.safetensors").is_file() and (tmp_path / "export" / "tokenizer.json").is_file()
-    assert train.train_main([*argv[:3], "45", *argv[4:]]) == 0  # resumes from step 40
+    assert train_main([*argv[:3], "45", *argv[4:]]) == 0  # resumes from step 40
     assert torch.load(tmp_path / "state.pt", weights_only=False)["step"] == 45
 
 
 def test_fim_samples_end_with_a_run_of_end_of_text():
-    from llada_lsp.model import load_tokenizer
     from llada_lsp.completion.layouts import SpecialIds
+    from llada_lsp.model import load_tokenizer
     from llada_lsp.training.objective import SampleStream
 
     tok = load_tokenizer(None)
@@ -175,9 +175,10 @@ def test_self_fill_writes_the_models_confident_guesses_into_masks():
 
 @pytest.mark.slow
 def test_eval_infill_scores_modes_and_compares_them_in_pairs(capsys, restore_threads):
+    from llada_lsp.commands.eval_infill import eval_infill_main
     from llada_lsp.training import eval_infill
 
-    assert eval_infill.eval_infill_main(["--n", "2", "--kinds", "rest_of_line", "--modes", "speed,no-edit", "--threads", "1"]) == 0
+    assert eval_infill_main(["--n", "2", "--kinds", "rest_of_line", "--modes", "speed,no-edit", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "| speed | rest_of_line |" in out and "| no-edit | rest_of_line |" in out and "| previous-line |" in out
     assert "speed vs no-edit, rest_of_line: first line right only in speed" in out

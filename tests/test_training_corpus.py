@@ -180,7 +180,7 @@ def test_the_candidate_run_trains_resumes_scores_and_decides(tmp_path, fake_stdl
     """The GPU entry point on the CPU: a tiny network, a tiny corpus, a few steps, then the comparison."""
     import torch
 
-    from llada_lsp.training import candidate
+    from llada_lsp.commands import candidate
 
     index = Index(tmp_path / "index")
     make_sdist(index.folder, "shapes", "1.0", "License-Expression: MIT", MIT_TEXT, package_files())
@@ -213,7 +213,21 @@ def test_the_candidate_run_trains_resumes_scores_and_decides(tmp_path, fake_stdl
 
 
 def test_the_candidate_run_says_how_to_build_a_missing_corpus(tmp_path, capsys):
-    from llada_lsp.training import candidate
+    from llada_lsp.commands import candidate
 
     assert candidate.candidate_main(["--out", str(tmp_path / "run"), "--corpus", str(tmp_path / "none")]) == 2
     assert "python -m llada_lsp.training.corpus --cache" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # loads torch in a subprocess
+def test_the_gpu_script_runs_the_candidate_module(tmp_path):
+    """examples/train_gpu.sh runs `python3 -m MODULE`: that module exists and is runnable."""
+    import subprocess
+    import sys
+
+    script = (Path(__file__).resolve().parents[1] / "examples" / "train_gpu.sh").read_text()
+    module = re.search(r"python3 -m ([\w.]+)", script)[1]
+    assert module == "llada_lsp.commands.candidate"
+    argv = [sys.executable, "-m", module, "--out", str(tmp_path / "run"), "--corpus", str(tmp_path / "none")]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and f"python -m {module}: error:" in p.stderr and "lacks train.jsonl.gz" in p.stderr

@@ -1,23 +1,19 @@
-"""A candidate embedded model, end to end: train it on the built corpus within a time budget, score it
-beside the shipped model on held-out standard-library and third-party files, and say whether it ships.
+"""A candidate embedded model beside the shipped one: both score held-out standard-library and
+third-party tasks, and the shipping rule says whether the candidate ships.
 
-Knows the training and evaluation entry points and the shipping rule; nothing of the network's insides.
-
-`python -m llada_lsp.training.candidate --out runs/v2 --minutes 7` (on a GPU: `examples/train_gpu.sh`).
-Both phases resume: training continues from OUT/state.pt up to the same total budget, and a finished
-budget is not trained again. The rule: the candidate ships only if, in speed mode, it gets the first line
-right on significantly more held-out tasks than the shipped model (task by task, the tasks only one of
-them gets right, two-sided sign test p < 0.05, standard-library and third-party tasks together), does not
-get fewer right on the standard-library tasks alone, and its bf16 weights stay under 25 MB.
+Knows the evaluation entry points and the shipping rule; nothing of the network's insides. The run that
+trains a candidate and then calls `compare` is `python -m llada_lsp.commands.candidate`. The rule: the
+candidate ships only if, in speed mode, it gets the first line right on significantly more held-out
+tasks than the shipped model (task by task, the tasks only one of them gets right, two-sided sign test
+p < 0.05, standard-library and third-party tasks together), does not get fewer right on the
+standard-library tasks alone, and its bf16 weights stay under 25 MB.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
@@ -34,14 +30,6 @@ from .eval_infill import TASK_KINDS, Task, answer, make_tasks, paired, sign_test
 SPLITS = {"stdlib": "heldout", "thirdparty": "heldout-thirdparty"}  # evaluation split -> corpus split
 MAX_WEIGHT_BYTES = 25_000_000  # the package's cap on the embedded model's bf16 weights
 ALPHA = 0.05
-# The scratch network: v1's (train.TINY) with 6 layers and narrower experts, 12.3M parameters, 24.7 MB in bf16.
-V2_SCRATCH = dict(num_hidden_layers=6, moe_intermediate_size=184)
-RECIPES = {
-    # Continue the shipped network (its 340M tokens kept) on the broader corpus, with the confidence loss.
-    "warm": ["--lr", "1e-3", "--warmup", "50"],
-    # A larger network from random weights.
-    "scratch": ["--config", json.dumps(V2_SCRATCH), "--lr", "3e-3", "--warmup", "200"],
-}
 
 
 @dataclass(frozen=True)
@@ -66,27 +54,6 @@ def trained_seconds(out: Path) -> float:
         return 0.0
     # mmap: only the pickled dict is read, not the weights and optimizer state beside the figure
     return float(torch.load(state, map_location="cpu", weights_only=False, mmap=True).get("seconds", 0.0))
-
-
-def train_phase(args: argparse.Namespace, extra: list[str]) -> None:
-    from .train import copy_tokenizer, train_main
-
-    budget = args.minutes * 60
-    if (done := trained_seconds(args.out)) >= budget:
-        print(f"training: {done:.0f}s of {budget:.0f}s already spent in {args.out}, not trained again", flush=True)
-        return
-    args.out.mkdir(parents=True, exist_ok=True)
-    if not (args.out / "tokenizer.json").is_file():  # v1's vocabulary: the two models stay comparable
-        copy_tokenizer(args.baseline, args.out)
-    recipe = RECIPES[args.recipe] + (["--init-from", str(args.baseline)] if args.recipe == "warm" else [])
-    argv = ["--out", str(args.out), "--corpus", str(args.corpus / corpus.SPLIT_FILES["train"]),
-            "--hours", str(args.minutes / 60), "--export", str(args.out / "export"), "--device", args.device,
-            "--confidence-weight", "0.5", "--save-every", "250", *recipe, *extra]  # fmt: skip
-    print("training: llada-lsp train " + " ".join(argv), flush=True)
-    if train_main(argv) != 0:
-        raise SystemExit("training failed")
-    if torch.cuda.is_available():  # the evaluation processes need the memory training's allocator holds
-        torch.cuda.empty_cache()
 
 
 @functools.lru_cache(maxsize=2)
@@ -122,35 +89,44 @@ def evaluate(unit: Unit) -> dict:
     return {"unit": asdict(unit), "answers": answers, "scores": scores, "seconds": time.time() - started}
 
 
-def eval_phase(args: argparse.Namespace) -> dict:
-    candidate = args.out / "export"
-    if not (candidate / "model.safetensors").is_file():
-        raise SystemExit(f"no candidate at {candidate}: train first (--phase train)")
-    modes = [m for m in args.modes.split(",") if m]
-    if "speed" not in modes:
-        raise SystemExit("--modes must include speed (the rule is decided in speed mode)")
-    if args.eval_device == "auto":
-        args.eval_device = "cuda" if torch.cuda.is_available() else "cpu"
+def compare(
+    out: Path,
+    corpus_dir: Path,
+    baseline: Path,
+    modes: list[str],
+    device: str,
+    jobs: int,
+    n: int,
+    n_other: int,
+    task_seed: int,
+) -> dict:
+    """The candidate OUT/export and `baseline` on the held-out splits of `corpus_dir` in each of `modes`
+    (speed among them: the rule is decided in speed mode) on `device` ("auto": cuda when available), in
+    `jobs` processes, over `split_tasks(..., n, n_other, task_seed)`; writes OUT/summary.md and
+    OUT/summary.json and returns the summary."""
+    candidate = out / "export"
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     cores = os.cpu_count() or 1
-    threads = max(1, cores // max(args.jobs, 1))
-    units = [Unit(name, str(path), split, str(args.corpus / corpus.SPLIT_FILES[file]), mode, args.n, args.n_other,
-                  args.task_seed, args.eval_device, threads)
+    threads = max(1, cores // max(jobs, 1))
+    units = [Unit(name, str(path), split, str(corpus_dir / corpus.SPLIT_FILES[file]), mode, n, n_other,
+                  task_seed, device, threads)
              for split, file in SPLITS.items() for mode in modes
-             for name, path in (("v1", args.baseline), ("v2", candidate))]  # fmt: skip
+             for name, path in (("v1", baseline), ("v2", candidate))]  # fmt: skip
     started = time.time()
-    if args.jobs > 1:  # separate processes: each decodes one request at a time, so they overlap well
-        with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+    if jobs > 1:  # separate processes: each decodes one request at a time, so they overlap well
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
             results = list(pool.map(evaluate, units))
     else:
         results = [evaluate(u) for u in units]
     print(f"evaluation: {len(units)} units in {time.time() - started:.0f}s", flush=True)
-    return summarize(args, results, candidate)
+    return summarize(out, results, candidate)
 
 
-def summarize(args: argparse.Namespace, results: list[dict], candidate: Path) -> dict:
+def summarize(out: Path, results: list[dict], candidate: Path) -> dict:
     by = {(r["unit"]["model"], r["unit"]["split"], r["unit"]["mode"]): r for r in results}
-    lines = ["| split | task | mode | v1 first-line EM | v2 first-line EM | v1 syntax-valid | v2 syntax-valid "
-             "| v1 TPF | v2 TPF |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    header = "| split | task | mode | v1 first-line EM | v2 first-line EM | v1 syntax-valid | v2 syntax-valid | v1 TPF | v2 TPF |"
+    lines = [header, "|---|---|---|---|---|---|---|---|---|"]
     splits = list(dict.fromkeys(r["unit"]["split"] for r in results))
     modes = list(dict.fromkeys(r["unit"]["mode"] for r in results))
     for split in splits:
@@ -190,52 +166,9 @@ def summarize(args: argparse.Namespace, results: list[dict], candidate: Path) ->
         lines.append(f"to ship: copy {candidate}/{{config.json,model.safetensors,tokenizer.json,tokenizer_config.json}} "
                      "into llada_lsp/data/tiny/")
     summary = {"ships": ships, "reasons": reasons, "pairs": pairs, "pooled": pooled, "weight_bytes": weight_bytes,
-               "trained_seconds": trained_seconds(args.out),
+               "trained_seconds": trained_seconds(out),
                "scores": {f"{m}/{s}/{mode}": r["scores"] for (m, s, mode), r in by.items()}}  # fmt: skip
-    (args.out / "summary.md").write_text("\n".join(lines) + "\n")
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print("\n".join(lines), flush=True)
     return summary
-
-
-def candidate_main(argv: list[str] | None = None) -> int:
-    from ..model.loader import EMBEDDED_MODEL
-
-    ap = argparse.ArgumentParser(prog="python -m llada_lsp.training.candidate", description=__doc__.split("\n\n")[0],
-                                 epilog="Other flags go to `llada-lsp train` (later ones win), e.g. --batch 64.")
-    ap.add_argument("--out", type=Path, default=Path("runs/v2"),
-                    help="run folder; the candidate is OUT/export (default: %(default)s)")
-    ap.add_argument("--corpus", type=Path, default=corpus.DEFAULT_CACHE,
-                    help="the folder `python -m llada_lsp.training.corpus` built (default: %(default)s)")
-    ap.add_argument("--minutes", type=float, default=7.0,
-                    help="training budget, resumed runs included (default: %(default)s)")
-    ap.add_argument("--phase", choices=("all", "train", "eval"), default="all")
-    ap.add_argument("--recipe", choices=tuple(RECIPES), default="warm",
-                    help="warm: continue the shipped network; scratch: a 12.3M network from random weights "
-                         "(default: %(default)s)")
-    ap.add_argument("--baseline", type=Path, default=EMBEDDED_MODEL, help="the model to beat (default: the shipped one)")
-    ap.add_argument("--device", default="auto", help="training device: cpu, cuda, auto (default: %(default)s)")
-    ap.add_argument("--eval-device", default="auto", help="evaluation device: cpu, cuda, auto (default: %(default)s)")
-    ap.add_argument("--jobs", type=int, default=1, help="evaluation processes (default: %(default)s)")
-    ap.add_argument("--n", type=int, default=300, help="rest-of-line tasks per split (default: %(default)s)")
-    ap.add_argument("--n-other", type=int, default=100,
-                    help="whole-line and block-body tasks each, per split (default: %(default)s)")
-    ap.add_argument("--modes", default="speed,quality,no-edit", help="default: %(default)s; speed decides")
-    ap.add_argument("--task-seed", type=int, default=1234, help="which tasks are cut (default: %(default)s)")
-    args, extra = ap.parse_known_args(argv)
-    missing = [name for name in corpus.SPLIT_FILES.values() if not (args.corpus / name).is_file()]
-    if missing:
-        print(f"{ap.prog}: error: {args.corpus} lacks {', '.join(missing)}: build it first with "
-              f"`python -m llada_lsp.training.corpus --cache {args.corpus}` (needs the network once)", file=sys.stderr)
-        return 2
-    if args.phase in ("all", "train"):
-        train_phase(args, extra)
-    elif extra:
-        ap.error(f"unknown arguments for --phase eval: {' '.join(extra)}")
-    if args.phase in ("all", "eval"):
-        eval_phase(args)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(candidate_main())

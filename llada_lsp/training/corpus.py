@@ -195,7 +195,7 @@ def read_sdist(sdist: Path, name: str, max_bytes: int = MAX_FILE_BYTES,
     if not agreeing:
         raise CorpusError(f"{sdist.name}: licence {stated!r} is not one of {', '.join(LICENCES)} "
                           "(or no licence file says so): refused")
-    licence_file, family = agreeing[0][0], sorted(agreeing[0][1])[0]
+    licence_file, family = agreeing[0][0], min(agreeing[0][1])
     version = email.parser.Parser().parsestr(pkg_info).get("Version", "")
     files, refused = [], 0
     for rel, data in sorted(py):
@@ -244,7 +244,7 @@ def pip_download(name: str, version: str, folder: Path) -> Path:
     """Fetch the sdist of NAME==VERSION into `folder` with pip (no wheels, no dependencies)."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "--disable-pip-version-check",
            "--quiet", "-d", str(folder), f"{name}=={version}"]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)  # its failure is told below
     got = sorted(p for p in folder.iterdir() if p.name.endswith((".tar.gz", ".zip")))
     if done.returncode != 0 or not got:
         said = (done.stderr.strip().splitlines() or ["no sdist saved"])[-1]

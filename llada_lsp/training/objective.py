@@ -17,11 +17,12 @@ step writes them, so the model also learns to revise the plausible mistakes it a
 from __future__ import annotations
 
 import random
+
 import torch
 
-from ..engine.policy import guesses
 from ..completion.codec import TextCodec
 from ..completion.layouts import fim_ids
+from ..engine.policy import guesses
 
 HOLE_KINDS = ("rest_of_line", "whole_line", "block_body", "span", "plain")
 HOLE_WEIGHTS = (0.30, 0.20, 0.20, 0.10, 0.20)

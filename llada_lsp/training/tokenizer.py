@@ -5,8 +5,8 @@ Special tokens come first (ids 0..4); the engine finds the mask and end ids by n
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from ..completion.layouts import SPECIAL_TOKENS
 

@@ -1,31 +1,29 @@
 """The training loop of the embedded model: seeded, checkpointed, resumable, with a progress bar.
 
-`llada-lsp train --out runs/tiny` trains the tokenizer (once) and the network; `--export DIR` writes a
-shippable model folder (config.json, bf16 model.safetensors, tokenizer files). The defaults are those
-of the shipped model's run, on one GPU (bf16 autocast, samples built by worker processes); on a CPU, use
-a smaller batch, e.g. `--batch 16 --hours 3`.
+`train(TrainSettings(...))` trains the tokenizer (once, unless the run folder has one) and the network,
+checkpoints to OUT/state.pt and resumes from it, and with `export` writes a shippable model folder.
+The command line over it is `llada-lsp train` (commands/train.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import math
 import os
 import random
 import shutil
 import signal
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from ..completion.layouts import SpecialIds
 from ..model import LLaDA2, LLaDA2Config, load_model, save_model
 from ..model.loader import resolve_device
-from ..completion.layouts import SpecialIds
 from . import corpus
-from .objective import HOLE_KINDS, HOLE_WEIGHTS, SampleStream, block_diffusion_loss, parse_hole_weights, training_mask
+from .objective import HOLE_WEIGHTS, SampleStream, block_diffusion_loss, training_mask
 from .tokenizer import save_tokenizer, train_tokenizer
 
 # The shipped size: the largest that trains well on two CPU cores in a few hours and stays under 25 MB
@@ -86,82 +84,73 @@ def get_tokenizer(out: Path, train_texts: list[str], vocab_size: int):
     return tok
 
 
-def train_main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="llada-lsp train", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path("runs/tiny"), help="run folder (checkpoints, tokenizer)")
-    ap.add_argument("--steps", type=int, default=20000, help="total optimizer steps (sets the LR schedule)")
-    ap.add_argument("--batch", type=int, default=128, help="sequences per step")
-    ap.add_argument("--seq-len", type=int, default=512, help="tokens per sequence (multiple of the block)")
-    ap.add_argument("--block", type=int, default=32, help="diffusion block size (as the engine decodes)")
-    ap.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
-    ap.add_argument("--warmup", type=int, default=100, help="linear warmup steps")
-    ap.add_argument("--edit-ratio", type=float, default=0.15, help="share of visible tokens replaced, times t")
-    ap.add_argument("--keep-weight", type=float, default=0.1, help="loss weight of kept visible tokens")
-    ap.add_argument("--confidence-weight", type=float, default=0.0,
-                    help="weight of the entropy of correct predictions at masked positions (LLaDA2.0's "
-                         "confidence-aware training: sharper, so more tokens per step)")
-    ap.add_argument("--self-fill", type=float, default=0.0,
-                    help="share of blocks whose masks first get the model's own confident guesses (an extra "
-                         "no-grad forward), so it learns to revise its real mistakes, not only random tokens")
-    ap.add_argument("--holes", type=_hole_weights,
-                    default=",".join(f"{k}={w}" for k, w in zip(HOLE_KINDS, HOLE_WEIGHTS)),
-                    help="sample mix, KIND=WEIGHT,... over " + ", ".join(HOLE_KINDS) + " (unnamed kinds keep "
-                         "the default weights, in that order)")
-    ap.add_argument("--vocab-size", type=int, default=8192, help="BPE size, when the tokenizer is trained")
-    ap.add_argument("--seed", type=int, default=0, help="seeds the weights, the samples and the noise")
-    ap.add_argument("--threads", type=int, default=2, help="CPU threads of the training process")
-    ap.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when available)")
-    ap.add_argument("--autocast", choices=("auto", "on", "off"), default="auto",
-                    help="bf16 autocast (auto: on for CUDA)")
-    ap.add_argument("--workers", type=int, default=None,
-                    help="processes that build samples (default: 8 on CUDA, 0 = in the training process on CPU)")
-    ap.add_argument("--corpus", type=Path, default=None,
-                    help="a corpus file: .corpus/train.jsonl.gz from `python -m llada_lsp.training.corpus` (stdlib and "
-                         "third-party), or `... corpus train FILE` (stdlib alone) (default: this interpreter's stdlib, train split)")
-    ap.add_argument("--save-every", type=int, default=200, help="checkpoint every N steps")
-    ap.add_argument("--hours", type=float, default=None,
-                    help="time budget: the LR schedule ends at whichever of --steps and --hours comes first")
-    ap.add_argument("--export", type=Path, default=None, help="also write a shippable model folder here")
-    ap.add_argument("--init-from", type=Path, default=None,
-                    help="start a new run from an exported model folder (e.g. the shipped one) instead of random weights")
-    ap.add_argument("--corpus-limit", type=int, default=None, help="use only the first N training files (tests)")
-    ap.add_argument("--config", default=None, help="JSON of config overrides (tests use a smaller network)")
-    args = ap.parse_args(argv)
+@dataclass
+class TrainSettings:
+    """One run's settings; the defaults are those of the shipped model's run, on one GPU (`llada-lsp
+    train --help` says what each means)."""
 
-    torch.set_num_threads(args.threads)
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    device = resolve_device(None if args.device == "auto" else args.device)
-    use_autocast = args.autocast == "on" or (args.autocast == "auto" and device.type == "cuda")
-    workers = args.workers if args.workers is not None else (8 if device.type == "cuda" else 0)
+    out: Path = Path("runs/tiny")
+    steps: int = 20000
+    batch: int = 128
+    seq_len: int = 512
+    block: int = 32
+    lr: float = 3e-3
+    warmup: int = 100
+    edit_ratio: float = 0.15
+    keep_weight: float = 0.1
+    confidence_weight: float = 0.0
+    self_fill: float = 0.0
+    holes: tuple[float, ...] = HOLE_WEIGHTS
+    vocab_size: int = 8192
+    seed: int = 0
+    threads: int = 2
+    device: str = "auto"  # cpu, cuda, or auto (cuda when available)
+    autocast: str = "auto"  # auto (on for CUDA), on, off
+    workers: int | None = None  # sample-building processes (None: 8 on CUDA, 0 on CPU)
+    corpus: Path | None = None  # a corpus file (None: this interpreter's stdlib, train split)
+    save_every: int = 200
+    hours: float | None = None
+    export: Path | None = None
+    init_from: Path | None = None
+    corpus_limit: int | None = None
+    config: dict = field(default_factory=dict)  # LLaDA2Config overrides of TINY
+
+
+def train(run: TrainSettings) -> None:
+    """Train (or resume) the run in `run.out` until `run.steps` steps or `run.hours` of training,
+    SIGTERM or Ctrl-C, then write the checkpoint (and the export)."""
+    torch.set_num_threads(run.threads)
+    random.seed(run.seed)
+    torch.manual_seed(run.seed)
+    device = resolve_device(None if run.device == "auto" else run.device)
+    use_autocast = run.autocast == "on" or (run.autocast == "auto" and device.type == "cuda")
+    workers = run.workers if run.workers is not None else (8 if device.type == "cuda" else 0)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
-    args.out.mkdir(parents=True, exist_ok=True)
-    files = (corpus.load(args.corpus) if args.corpus else corpus.iter_files("train"))[: args.corpus_limit]
+    run.out.mkdir(parents=True, exist_ok=True)
+    files = (corpus.load(run.corpus) if run.corpus else corpus.iter_files("train"))[: run.corpus_limit]
     texts = [f.text for f in files]
-    if args.init_from and not (args.out / "tokenizer.json").is_file():  # the weights' own tokenizer
-        copy_tokenizer(args.init_from, args.out)
-    tok = get_tokenizer(args.out, texts, args.vocab_size)
+    if run.init_from and not (run.out / "tokenizer.json").is_file():  # the weights' own tokenizer
+        copy_tokenizer(run.init_from, run.out)
+    tok = get_tokenizer(run.out, texts, run.vocab_size)
     special = SpecialIds.from_tokenizer(tok)
 
-    overrides = json.loads(args.config) if args.config else {}
-    config = LLaDA2Config(**{**TINY, "vocab_size": len(tok), **overrides}, mask_token_id=special.mask,
+    config = LLaDA2Config(**{**TINY, "vocab_size": len(tok), **run.config}, mask_token_id=special.mask,
                           eos_token_id=special.eos, pad_token_id=special.eos)
     model = LLaDA2(config)
-    init_weights(model, args.seed)
-    if args.init_from and not (args.out / "state.pt").is_file():
-        warm = load_model(args.init_from, device="cpu", dtype=torch.float32)
+    init_weights(model, run.seed)
+    if run.init_from and not (run.out / "state.pt").is_file():
+        warm = load_model(run.init_from, device="cpu", dtype=torch.float32)
         model.load_state_dict(warm.state_dict())
-        print(f"initialised from {args.init_from}", flush=True)
+        print(f"initialised from {run.init_from}", flush=True)
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
+                            lr=run.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
     step, spent, losses = 0, 0.0, []  # spent: training seconds of earlier runs of this folder
-    state_file = args.out / "state.pt"
+    state_file = run.out / "state.pt"
     if state_file.is_file():
         state = torch.load(state_file, map_location="cpu", weights_only=False)
         model.load_state_dict(state["model"])
@@ -178,42 +167,42 @@ def train_main(argv: list[str] | None = None) -> int:
     def save() -> None:
         tmp = state_file.with_suffix(".tmp")
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                    "torch_rng": torch.get_rng_state(), "seconds": elapsed(), "losses": losses, "args": vars(args)}, tmp)
+                    "torch_rng": torch.get_rng_state(), "seconds": elapsed(), "losses": losses, "args": asdict(run)}, tmp)
         tmp.replace(state_file)  # atomic: an interrupted save never corrupts the checkpoint
-        if args.export:
-            export(model, tok, args.export)
+        if run.export:
+            export(model, tok, run.export)
 
     stop = {"now": False}
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     # The data stream is reseeded from the step, so a resumed run sees new samples, deterministically.
     if workers:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers tokenize; no nested threads
-    batches = Batches(texts, tok, args.seed * 1_000_003 + step, args.batch, args.seq_len, args.holes)
+    batches = Batches(texts, tok, run.seed * 1_000_003 + step, run.batch, run.seq_len, run.holes)
     loader = iter(torch.utils.data.DataLoader(batches, batch_size=None, num_workers=workers,
                                               pin_memory=device.type == "cuda",
                                               prefetch_factor=4 if workers else None))
-    allow = training_mask(args.seq_len, args.block).to(device)
+    allow = training_mask(run.seq_len, run.block).to(device)
 
     def amp():
         return torch.autocast(device.type, dtype=torch.bfloat16) if use_autocast else contextlib.nullcontext()
 
     print(f"{sum(p.numel() for p in params) / 1e6:.1f}M parameters on {device}"
           f"{' (bf16 autocast)' if use_autocast else ''}, {len(files)} files, {workers} data workers", flush=True)
-    gen = torch.Generator().manual_seed(args.seed * 7919 + step)
+    gen = torch.Generator().manual_seed(run.seed * 7919 + step)
     from tqdm import tqdm
 
-    bar = tqdm(total=args.steps, initial=step, desc="train", dynamic_ncols=True, mininterval=5)
+    bar = tqdm(total=run.steps, initial=step, desc="train", dynamic_ncols=True, mininterval=5)
     tokens_seen = 0
-    budget = args.hours * 3600 if args.hours else float("inf")
+    budget = run.hours * 3600 if run.hours else float("inf")
     model.train()
     try:
-        while step < args.steps and not stop["now"]:
+        while step < run.steps and not stop["now"]:
             x = next(loader)
             for group in opt.param_groups:
-                group["lr"] = lr_at(step, max(step / args.steps, elapsed() / budget), args.lr, args.warmup)
+                group["lr"] = lr_at(step, max(step / run.steps, elapsed() / budget), run.lr, run.warmup)
             with amp():
-                loss, stats = block_diffusion_loss(model, x, special.mask, args.block, args.edit_ratio,
-                                                   args.keep_weight, allow, gen, args.confidence_weight, args.self_fill)
+                loss, stats = block_diffusion_loss(model, x, special.mask, run.block, run.edit_ratio,
+                                                   run.keep_weight, allow, gen, run.confidence_weight, run.self_fill)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -230,7 +219,7 @@ def train_main(argv: list[str] | None = None) -> int:
             if "self_fill_wrong" in stats:
                 shown["fill_wrong"] = f"{stats['self_fill_wrong']:.2f}"
             bar.set_postfix(**shown, tok_s=f"{tokens_seen / (time.time() - started):.0f}")
-            if step % args.save_every == 0:
+            if step % run.save_every == 0:
                 save()
             if elapsed() > budget:
                 break
@@ -240,14 +229,8 @@ def train_main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, previous_handler)
     save()
     print(f"stopped at step {step}; checkpoint {state_file}", flush=True)
-    return 0
 
 
-def _hole_weights(spec: str) -> tuple[float, ...]:
-    try:
-        return parse_hole_weights(spec)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 class Batches(torch.utils.data.IterableDataset):
@@ -276,6 +259,3 @@ def export(model: LLaDA2, tokenizer, folder: Path) -> None:
     save_tokenizer(tokenizer, folder)
     model.train(was_training)
 
-
-if __name__ == "__main__":
-    raise SystemExit(train_main())
