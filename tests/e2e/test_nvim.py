@@ -284,6 +284,51 @@ def test_rewrite_review(open_editor, answer, edit_first, at_once):
         ]
 
 
+def answer_on_screen(editor: Editor, screen, keys: str) -> None:
+    """Types {keys} as a user answering a blocking prompt would (nvim_input and nvim_get_mode are answered
+    even while Neovim blocks), then presses Enter at any hit-enter prompt, until Neovim waits for nothing."""
+    editor.nvim.api.input(keys)
+
+    def settled() -> bool:
+        lines = screen.text().rstrip().splitlines()
+        if lines and lines[-1].startswith("Press ENTER"):
+            editor.nvim.api.input("<CR>")
+            return False
+        return not editor.nvim.api.get_mode()["blocking"] and not any("Type number" in line for line in lines)
+
+    wait_for(settled, "Neovim to take the answer", 30, screen.text)
+
+
+def test_rewrite_review_shows_the_diff_on_screen_before_asking(open_editor):
+    """With the default vim.ui.select() (inputlist(), which blocks until answered), the screen the user
+    looks at while asked holds the proposed diff."""
+    editor = open_editor()
+    before = editor.lines()
+    # Room for inputlist()'s lines and the messages after it: no hit-enter prompt blocks the editor.
+    editor.nvim.command("set cmdheight=10")
+    screen = editor.screen()
+    asked = None
+    try:
+        editor.nvim.command("1,2LladaRewrite")
+        asked = wait_for(
+            lambda: (lambda text: text if "apply this change?" in text else None)(screen.text()),
+            "the Apply/Discard question on screen",
+            detail=screen.text,
+        )
+    finally:
+        answer_on_screen(editor, screen, "1<CR>")  # also when the check fails, so the editor is not left blocked
+        screen.close()
+    entry = wait_for(lambda: next(iter(editor.events("rewrite")), None), "the rewrite result")
+    assert entry.get("error") is None, entry
+    proposed = entry["result"]["text"].split("\n")
+    assert proposed != before[:2], "the model proposed no change; the review cannot be checked"
+    changed = [f"-{line}" for line in before[:2] if line not in proposed]
+    changed += [f"+{line}" for line in proposed if line not in before[:2]]
+    missing = [line for line in ["(proposed)", *changed] if line not in asked]
+    assert not missing, f"asked to apply with {missing!r} not on screen:\n{asked}"
+    assert entry["result"]["applied"] and editor.lines() == proposed + before[2:], entry
+
+
 def test_checkhealth_reports_version_path_server_and_status(open_editor):
     editor = open_editor()
     wait_for(lambda: editor.lua("return require('llada').statusline()") == "llada: ready speed", "the server")
