@@ -197,7 +197,7 @@ class Editor:
             detail=lambda: f"ghost {self.ghost()!r}, latest events {self.log()[-6:]!r}",
         )
 
-    def screen(self, width: int = 120, height: int = 40) -> "Screen":
+    def screen(self, width: int = 120, height: int = 40) -> Screen:
         """A UI attached to this Neovim: the screen a user would see, kept up to date."""
         return Screen(self.nvim.eval("serverstart()"), width, height)
 

@@ -311,7 +311,7 @@ def test_rewrite_review_shows_the_diff_on_screen_before_asking(open_editor):
     try:
         editor.nvim.command("1,2LladaRewrite")
         asked = wait_for(
-            lambda: (lambda text: text if "apply this change?" in text else None)(screen.text()),
+            lambda: next((text for text in [screen.text()] if "apply this change?" in text), None),
             "the Apply/Discard question on screen",
             detail=screen.text,
         )
