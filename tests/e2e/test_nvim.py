@@ -417,7 +417,9 @@ class EngineService:
 
     def start(self) -> None:
         """Returns once the model is loaded."""
-        loads = lambda: Path(self.log).read_text().count("load embedded: done") if os.path.exists(self.log) else 0  # noqa: E731
+        def loads() -> int:
+            return Path(self.log).read_text().count("load embedded: done") if os.path.exists(self.log) else 0
+
         before = loads()
         with open(self.log, "a") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "llada_lsp", "engine", "--listen", f"unix:{self.socket}",
@@ -475,7 +477,7 @@ def test_pushed_status_reaches_the_statusline_on_screen(open_editor):
                              ("ready", "llada: ready speed")]:  # fmt: skip
             error = {} if state == "ready" else {"error": "the engine service at unix:/tmp/ll/engine.sock is gone"}
             editor.lua(PUSH_STATUS, {**base, "state": state, **error})
-            wait_for(lambda: shown in screen.text(), f"{shown!r} in the statusline on screen", 10, screen.text)  # noqa: B023
+            wait_for(lambda shown=shown: shown in screen.text(), f"{shown!r} in the statusline on screen", 10, screen.text)
     finally:
         screen.close()
 
