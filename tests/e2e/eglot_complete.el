@@ -13,13 +13,7 @@
 (require 'json)
 (require 'subr-x)
 
-;; -Q skips site-start, so an eglot installed as a Debian package (elpa-eglot on Emacs 28) is not on
-;; the load path: add those package folders. Emacs 29+ has eglot built in.
-(unless (locate-library "eglot")
-  (dolist (dir (append (file-expand-wildcards "/usr/share/emacs/site-lisp/elpa/*")
-                       (file-expand-wildcards (expand-file-name "~/.emacs.d/elpa/*"))))
-    (when (file-directory-p dir)
-      (add-to-list 'load-path dir))))
+(load (expand-file-name "emacs_packages.el" (file-name-directory load-file-name)) nil t)
 (require 'eglot)
 (require 'python)
 

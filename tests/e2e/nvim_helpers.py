@@ -10,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -196,6 +197,10 @@ class Editor:
             detail=lambda: f"ghost {self.ghost()!r}, latest events {self.log()[-6:]!r}",
         )
 
+    def screen(self, width: int = 120, height: int = 40) -> Screen:
+        """A UI attached to this Neovim: the screen a user would see, kept up to date."""
+        return Screen(self.nvim.eval("serverstart()"), width, height)
+
     def close(self) -> None:
         """Stops the servers (politely, then by force) so no model process outlives the test."""
         stop = "vim.lsp.stop_client(vim.lsp.get_clients(), ...)"
@@ -206,3 +211,64 @@ class Editor:
             self.lua(stop, True)
             self.nvim.command("qa!", async_=True)
             self.nvim.close()
+
+
+class Screen:
+    """What a terminal showing this Neovim shows: a UI attached over a second connection (the editor's own
+    may be blocked, e.g. while inputlist() waits), which applies the `redraw` events of the one composed
+    grid (ext_linegrid without ext_multigrid: floats and messages are drawn into it) on its own thread.
+    text() is the screen as of the last `flush`, which is when a terminal UI paints."""
+
+    def __init__(self, address: str, width: int, height: int):
+        self._lock = threading.Lock()
+        self._grid: list[list[str]] = [[" "] * width for _ in range(height)]
+        self._painted = ""
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(address, width, height), daemon=True)
+        self._thread.start()
+        assert self._ready.wait(30), "the UI did not attach"
+
+    def _run(self, address: str, width: int, height: int) -> None:
+        self._nvim = pynvim.attach("socket", path=address)
+        self._nvim.ui_attach(width, height, rgb=True, ext_linegrid=True)
+        self._ready.set()
+        self._nvim.run_loop(None, self._on_notification)
+
+    def _on_notification(self, name: str, args: list) -> None:
+        if name != "redraw":
+            return
+        for event, *calls in args:
+            for call in calls:
+                self._apply(event, call)
+
+    def _apply(self, event: str, call: list) -> None:
+        grid = self._grid
+        if event == "grid_resize":
+            _, width, height = call
+            self._grid = [[" "] * width for _ in range(height)]
+        elif event == "grid_clear":
+            for row in grid:
+                row[:] = [" "] * len(row)
+        elif event == "grid_line":
+            _, row, col, cells = call[:4]
+            for cell in cells:
+                text, repeat = cell[0], cell[2] if len(cell) > 2 else 1
+                for _ in range(repeat):
+                    grid[row][col] = text  # "" for the second half of a wide character
+                    col += 1
+        elif event == "grid_scroll":
+            _, top, bot, left, right, rows, _cols = call
+            moved = {r: grid[r + rows][left:right] for r in range(top, bot) if top <= r + rows < bot}
+            for r, cells in moved.items():
+                grid[r][left:right] = cells
+        elif event == "flush":
+            with self._lock:
+                self._painted = "\n".join("".join(row).rstrip() for row in grid)
+
+    def text(self) -> str:
+        with self._lock:
+            return self._painted
+
+    def close(self) -> None:
+        self._nvim.async_call(self._nvim.stop_loop)
+        self._thread.join(10)

@@ -6,7 +6,12 @@ text the model proposes, as long as it proposes some at the completion point of 
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -284,6 +289,51 @@ def test_rewrite_review(open_editor, answer, edit_first, at_once):
         ]
 
 
+def answer_on_screen(editor: Editor, screen, keys: str) -> None:
+    """Types {keys} as a user answering a blocking prompt would (nvim_input and nvim_get_mode are answered
+    even while Neovim blocks), then presses Enter at any hit-enter prompt, until Neovim waits for nothing."""
+    editor.nvim.api.input(keys)
+
+    def settled() -> bool:
+        lines = screen.text().rstrip().splitlines()
+        if lines and lines[-1].startswith("Press ENTER"):
+            editor.nvim.api.input("<CR>")
+            return False
+        return not editor.nvim.api.get_mode()["blocking"] and not any("Type number" in line for line in lines)
+
+    wait_for(settled, "Neovim to take the answer", 30, screen.text)
+
+
+def test_rewrite_review_shows_the_diff_on_screen_before_asking(open_editor):
+    """With the default vim.ui.select() (inputlist(), which blocks until answered), the screen the user
+    looks at while asked holds the proposed diff."""
+    editor = open_editor()
+    before = editor.lines()
+    # Room for inputlist()'s lines and the messages after it: no hit-enter prompt blocks the editor.
+    editor.nvim.command("set cmdheight=10")
+    screen = editor.screen()
+    asked = None
+    try:
+        editor.nvim.command("1,2LladaRewrite")
+        asked = wait_for(
+            lambda: next((text for text in [screen.text()] if "apply this change?" in text), None),
+            "the Apply/Discard question on screen",
+            detail=screen.text,
+        )
+    finally:
+        answer_on_screen(editor, screen, "1<CR>")  # also when the check fails, so the editor is not left blocked
+        screen.close()
+    entry = wait_for(lambda: next(iter(editor.events("rewrite")), None), "the rewrite result")
+    assert entry.get("error") is None, entry
+    proposed = entry["result"]["text"].split("\n")
+    assert proposed != before[:2], "the model proposed no change; the review cannot be checked"
+    changed = [f"-{line}" for line in before[:2] if line not in proposed]
+    changed += [f"+{line}" for line in proposed if line not in before[:2]]
+    missing = [line for line in ["(proposed)", *changed] if line not in asked]
+    assert not missing, f"asked to apply with {missing!r} not on screen:\n{asked}"
+    assert entry["result"]["applied"] and editor.lines() == proposed + before[2:], entry
+
+
 def test_checkhealth_reports_version_path_server_and_status(open_editor):
     editor = open_editor()
     wait_for(lambda: editor.lua("return require('llada').statusline()") == "llada: ready speed", "the server")
@@ -354,3 +404,132 @@ def test_rewrite_without_change_warns_and_asks_nothing(open_editor):
     assert len(warnings) == 1 and (
         warnings[0].startswith("llada: rewrite not applied: ") or warnings[0] == "llada: the rewrite proposes no change"
     ), editor.events("notify")
+
+
+class EngineService:
+    """`llada-lsp engine` on a Unix socket, which the editor's server uses instead of its own model; the
+    test kills it and starts it again on the same socket."""
+
+    def __init__(self) -> None:
+        folder = tempfile.mkdtemp(prefix="ll")  # a Unix socket path must be short
+        self.socket, self.log = os.path.join(folder, "engine.sock"), os.path.join(folder, "engine.log")
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        """Returns once the model is loaded."""
+        def loads() -> int:
+            return Path(self.log).read_text().count("load embedded: done") if os.path.exists(self.log) else 0
+
+        before = loads()
+        with open(self.log, "a") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "llada_lsp", "engine", "--listen", f"unix:{self.socket}",
+                                             "--threads", "1", "--log-level", "info"], stderr=log)  # fmt: skip
+        process = self.process
+        wait_for(lambda: loads() > before or process.poll() is not None, "the engine service to load its model")
+        assert process.poll() is None, Path(self.log).read_text()
+
+    def kill(self) -> None:
+        """As `kill -9` would: nothing is said to the clients. The socket file it leaves is removed, so
+        that start() listens on the same address again."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(30)
+        os.unlink(self.socket)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(30)
+
+
+@pytest.fixture
+def engine_service() -> Iterator[EngineService]:
+    service = EngineService()
+    service.start()
+    yield service
+    service.stop()
+
+
+STATUSLINE = "return require('llada').statusline()"
+PUSH_STATUS = r"""
+local client = vim.lsp.get_clients({ bufnr = 0, name = 'llada' })[1]
+local method = 'llada/status'
+-- What Neovim's dispatcher runs when the notification arrives.
+local handler = client.handlers[method] or vim.lsp.handlers[method]
+handler(nil, ..., { method = method, client_id = client.id })
+"""
+
+
+def show_statusline(editor: Editor) -> None:
+    editor.nvim.command("set laststatus=2 statusline=%f\\ %=%{v:lua.require'llada'.statusline()}")
+
+
+def test_pushed_status_reaches_the_statusline_on_screen(open_editor):
+    """The server's `llada/status` push (simulated here: its params as Neovim's dispatcher passes them)
+    redraws the statusline at once, without :LladaStatus, for a failure and for the way back."""
+    editor = open_editor()
+    wait_for(lambda: editor.lua(STATUSLINE) == "llada: ready speed", "the server to be ready")
+    show_statusline(editor)
+    screen = editor.screen()
+    try:
+        base = {"engine": "unix:/tmp/ll/engine.sock", "model": "tiny", "inlineMode": "speed", "rewriteMode": "quality"}
+        for state, shown in [("unavailable", "llada: unavailable"), ("not responding", "llada: not responding"),
+                             ("ready", "llada: ready speed")]:  # fmt: skip
+            error = {} if state == "ready" else {"error": "the engine service at unix:/tmp/ll/engine.sock is gone"}
+            editor.lua(PUSH_STATUS, {**base, "state": state, **error})
+            wait_for(lambda shown=shown: shown in screen.text(), f"{shown!r} in the statusline on screen", 10, screen.text)
+    finally:
+        screen.close()
+
+
+def wait_answered(editor: Editor, seen: int) -> None:
+    """Waits until an inline request sent after the first {seen} events of the log has been answered."""
+
+    def answered() -> bool:
+        inline = [e["type"] for e in editor.log()[seen:] if e.get("method") == "textDocument/inlineCompletion"]
+        return "complete" in inline
+
+    wait_for(answered, "an inline request to be answered", 30, lambda: f"{editor.log()[-6:]!r}")
+
+
+@needs_builtin
+def test_failed_inline_request_takes_its_ghost_text_off_the_screen(open_editor, engine_service):
+    """The engine service dies with a completion on screen; typing what it shows makes the built-in
+    completer show the rest of it again, and the request that fails must take it away."""
+    editor = open_editor(engine=f"unix:{engine_service.socket}")
+    ghost = type_in_function_body(editor)
+    assert ghost["source"] == "builtin" and ghost["text"][:1].isalnum(), ghost
+    engine_service.kill()
+    seen = len(editor.log())
+    editor.nvim.input(ghost["text"][0])
+    wait_answered(editor, seen)
+    wait_for(lambda: editor.ghost() is None, "no ghost text", 5, lambda: f"ghost {editor.ghost()!r}")
+
+
+def test_statusline_follows_the_engine_service(open_editor, engine_service):
+    """Needs the server's `llada/status` push and its window/showMessage (issue 24, item 2): kill the
+    engine service and the statusline on screen says so, once, with a message; start it again and the
+    statusline says ready, without :LladaStatus."""
+    editor = open_editor(engine=f"unix:{engine_service.socket}")
+    wait_for(lambda: editor.lua(STATUSLINE) == "llada: ready speed", "the server to be ready")
+    show_statusline(editor)
+    screen = editor.screen()
+    try:
+        wait_for(lambda: "llada: ready speed" in screen.text(), "the statusline on screen", 10, screen.text)
+        engine_service.kill()
+        seen = len(editor.log())
+        # Typing asks for completions, which fail; the statusline must say so on its own.
+        editor.nvim.input(f"{BODY_LINE}GA{TYPED}")
+        failed = re.compile(r"llada: (unavailable|not responding)")
+        wait_for(lambda: failed.search(screen.text()), "the statusline to show the service gone", 60, screen.text)
+        typed = len(editor.log())
+        editor.nvim.input("x")
+        wait_answered(editor, typed)
+        messages = [e for e in editor.log()[seen:] if e["kind"] == "notify" and e["level"] >= 3]
+        assert len(messages) == 1, f"one message per change of state, not per request: {messages!r}"
+
+        engine_service.start()
+        editor.nvim.input("<BS>")  # a keystroke: the server's next request finds the service back
+        wait_for(lambda: "llada: ready speed" in screen.text(), "the statusline to say ready again", 60, screen.text)
+    finally:
+        screen.close()

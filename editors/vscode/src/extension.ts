@@ -16,7 +16,7 @@ import {
     LladaSettings, parseTcpAddress, readSettings, RESTART_KEYS, SECTION, serverArgs, ServerSettings, tcpTokenLine,
     toggleInlineMode, toInitializationOptions,
 } from './settings';
-import { ServerStatus, StatusIndicator } from './status';
+import { ServerStatus, STATUS_NOTIFICATION, StatusIndicator } from './status';
 import { TraceChannel } from './trace';
 
 const REWRITE_COMMAND = 'llada.rewriteSelection';
@@ -207,6 +207,8 @@ class Session {
                     status.setState('stopped');
                 }
             }),
+            // Sent once per change of state (the engine service gone, back, not responding): shown at once.
+            this.client.onNotification(STATUS_NOTIFICATION, (pushed: ServerStatus) => status.setServerStatus(pushed)),
             this.client.onNotification(DRAFT_METHOD, (draft: Draft) => {
                 this.inline.receive(draft, vscode.window.activeTextEditor);
             }),

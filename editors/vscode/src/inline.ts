@@ -182,7 +182,14 @@ export class InlineCompletions {
                 return inFlight.result;
             },
             () => {
+                const draftShown = inFlight.servedDraft && this.inFlight === inFlight;
                 this.settle(inFlight, undefined, undefined);
+                if (draftShown) {
+                    // A failed request sends no final draft that would take its drafts off the screen: VS Code
+                    // is asked again, and gets the empty answer kept for it.
+                    this.setShown(false);
+                    void vscode.commands.executeCommand(TRIGGER_INLINE_SUGGEST);
+                }
                 return inFlight.result;
             },
         );

@@ -2,13 +2,17 @@
  *  last completion took. Knows nothing about the language client; it is told what happened. */
 import * as vscode from 'vscode';
 
-/** 'unavailable': the engine service the server uses does not answer (it may come back). */
-export type ServerState = 'starting' | 'loading' | 'ready' | 'error' | 'unavailable' | 'stopped';
+/** 'unavailable': the engine service the server uses is gone (it may come back); 'not responding': it is
+ *  connected but answers nothing. */
+export type ServerState = 'starting' | 'loading' | 'ready' | 'error' | 'unavailable' | 'not responding' | 'stopped';
 
-/** The result of the server's `llada.status` command (docs/protocol.md). */
+/** The server's push of its status, sent once per change of state, with the `llada.status` result. */
+export const STATUS_NOTIFICATION = 'llada/status';
+
+/** The result of the server's `llada.status` command, and the params of `llada/status` (docs/protocol.md). */
 export interface ServerStatus {
     model: string;
-    state: 'loading' | 'ready' | 'error' | 'unavailable';
+    state: 'loading' | 'ready' | 'error' | 'unavailable' | 'not responding';
     /** "local", or the address of the engine service. */
     engine?: string;
     error?: string;
@@ -34,8 +38,8 @@ export function statusText(view: StatusView): string {
     if (view.state === 'error') {
         return '$(error) LLaDA';
     }
-    if (view.state === 'unavailable') {
-        return '$(debug-disconnect) LLaDA';
+    if (view.state === 'unavailable' || view.state === 'not responding') {
+        return `$(debug-disconnect) LLaDA ${view.state}`;
     }
     if (view.state === 'stopped') {
         return '$(circle-slash) LLaDA';
@@ -126,7 +130,7 @@ export class StatusIndicator implements vscode.Disposable {
     private render(): void {
         this.item.text = statusText(this.view);
         this.item.tooltip = statusTooltip(this.view);
-        this.item.backgroundColor = this.view.state === 'error' || this.view.state === 'unavailable'
+        this.item.backgroundColor = ['error', 'unavailable', 'not responding'].includes(this.view.state)
             ? new vscode.ThemeColor('statusBarItem.errorBackground')
             : undefined;
     }

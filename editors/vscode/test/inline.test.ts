@@ -16,13 +16,15 @@ const context = { triggerKind: 1, selectedCompletionInfo: undefined } as vscode.
 interface Sent {
     token: vscode.CancellationToken;
     answer(items: vscode.InlineCompletionItem[] | null): void;
+    /** An error response, as the language client passes it on. */
+    fail(error: Error): void;
 }
 
 /** A server stand-in: records each request and lets the test answer it. */
 function server(): { next: ProvideInlineCompletions; sent: Sent[] } {
     const sent: Sent[] = [];
     const next: ProvideInlineCompletions = (_document, _position, _context, token) =>
-        new Promise((resolve) => sent.push({ token, answer: resolve }));
+        new Promise((resolve, reject) => sent.push({ token, answer: resolve, fail: reject }));
     return { next, sent };
 }
 
@@ -210,6 +212,30 @@ test('an empty final draft takes the shown draft off the screen, and the empty a
     const again = inline.provide(document, cursor, context, call(), next);
     assert.equal(sent.length, 1, 'the call the final draft triggered does not run the model again');
     assert.deepEqual(await again, []);
+});
+
+test('a request that fails takes its shown draft off the screen, and is not asked again at once', async () => {
+    const { next, sent } = server();
+    const { inline } = inlineCompletions();
+    void inline.provide(document, cursor, context, call(), next);
+    inline.receive(draft({ step: 1, text: 'ret' }), editor());
+    assert.deepEqual(texts(await inline.provide(document, cursor, context, call(), next)), ['ret']);
+    const before = triggers();
+    sent[0].fail(new Error('the engine service at unix:/tmp/engine.sock is gone'));
+    await new Promise(setImmediate);
+    assert.equal(triggers(), before + 1, 'VS Code must ask again: no final draft will replace the one on screen');
+    assert.deepEqual(await inline.provide(document, cursor, context, call(), next), []);
+    assert.equal(sent.length, 1);
+    assert.equal(shownContext().at(-1), false);
+});
+
+test('a request that fails before any draft showed triggers nothing', async () => {
+    const { next, sent } = server();
+    const { inline } = inlineCompletions();
+    const first = inline.provide(document, cursor, context, call(), next);
+    sent[0].fail(new Error('the engine service at unix:/tmp/engine.sock is gone'));
+    assert.equal(await first, undefined);
+    assert.equal(triggers(), 0);
 });
 
 test('accepting a draft cancels the rest of its request, so its answer never shows', async () => {

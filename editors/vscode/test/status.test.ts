@@ -21,5 +21,7 @@ test('the item shows the mode, the last latency, and a spinner while generating'
 test('errors and a stopped server are visible', () => {
     assert.equal(statusText({ ...ready, state: 'error', error: 'no such model' }), '$(error) LLaDA');
     assert.equal(statusText({ ...ready, state: 'stopped' }), '$(circle-slash) LLaDA');
-    assert.equal(statusText({ ...ready, state: 'unavailable', error: 'the engine service is gone' }), '$(debug-disconnect) LLaDA');
+    assert.equal(statusText({ ...ready, state: 'unavailable', error: 'the engine service is gone' }), '$(debug-disconnect) LLaDA unavailable');
+    assert.equal(statusText({ ...ready, state: 'not responding' }), '$(debug-disconnect) LLaDA not responding');
 });
+

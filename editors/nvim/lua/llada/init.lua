@@ -9,6 +9,7 @@ local review = require('llada.review')
 
 local M = {}
 
+local INLINE = 'textDocument/inlineCompletion'
 local cfg = config.resolve() ---@type llada.Config
 local configured = false -- setup() was called
 local server_status = {} ---@type table<integer, table> client id -> last `llada.status` result
@@ -72,19 +73,62 @@ local function use_fallback()
   return cfg.force_fallback or vim.lsp.inline_completion == nil
 end
 
+---@param bufnr integer
+---@return boolean
+local function inline_pending(bufnr)
+  for _, client in ipairs(vim.lsp.get_clients({ bufnr = bufnr })) do
+    for _, r in pairs(client.requests) do
+      if r.bufnr == bufnr and r.method == INLINE and r.type == 'pending' then
+        return true
+      end
+    end
+  end
+  return false
+end
+
 --- Drops the item the built-in completer holds for {bufnr} (an older answer, or one that landed just
 --- after a draft was accepted), unless a newer request is on its way. get() with a no-op on_accept is
 --- the public way to drop it; it also cancels pending requests, hence the check.
 ---@param bufnr integer
 local function dismiss_builtin(bufnr)
-  for _, client in ipairs(vim.lsp.get_clients({ bufnr = bufnr })) do
-    for _, r in pairs(client.requests) do
-      if r.bufnr == bufnr and r.method == 'textDocument/inlineCompletion' and r.type == 'pending' then
-        return
+  if not inline_pending(bufnr) then
+    vim.lsp.inline_completion.get({ bufnr = bufnr, on_accept = function() end })
+  end
+end
+
+--- Makes a failed inline request of {client} take its ghost text off the screen. The built-in completer
+--- keeps the item of its last answer when a request fails, and shows it again at each keystroke
+--- (what the user types eats into it): with the engine gone, stale text would stay. Cancelled requests
+--- never reach a handler, so every error seen here is a failure.
+---@param client vim.lsp.Client
+local function clear_on_failure(client)
+  local request = client.request
+  function client.request(self, method, params, handler, ...)
+    if method == INLINE and handler then
+      local on_reply = handler
+      handler = function(err, result, ctx)
+        on_reply(err, result, ctx)
+        local bufnr = err and vim.uri_to_bufnr(params.textDocument.uri)
+        -- A newer request of the buffer owns what is on screen now.
+        if bufnr and api.nvim_buf_is_valid(bufnr) and not inline_pending(bufnr) then
+          ghost.clear(bufnr)
+          if not ghost.is_fallback(bufnr) and vim.lsp.inline_completion then
+            dismiss_builtin(bufnr)
+          end
+        end
       end
     end
+    return request(self, method, params, handler, ...)
   end
-  vim.lsp.inline_completion.get({ bufnr = bufnr, on_accept = function() end })
+end
+
+--- Handler of the server's `llada/status` notification, sent once per change of state with what
+--- `llada.status` answers: the statusline follows it without asking.
+---@param params table
+---@param ctx lsp.HandlerContext
+local function on_status(_, params, ctx)
+  server_status[ctx.client_id] = params
+  redraw_status()
 end
 
 --- The accept key: inserts what is on screen, and returns false when nothing is.
@@ -392,8 +436,10 @@ function M.setup(opts)
     root_markers = cfg.root_markers, -- read by the root_dir of lsp/llada.lua
     init_options = config.init_options(cfg),
     capabilities = { experimental = { lladaDrafts = true } },
+    on_init = clear_on_failure,
     handlers = {
       ['llada/draft'] = draft.on_draft,
+      ['llada/status'] = on_status,
       ['workspace/applyEdit'] = function(err, params, ctx)
         if cfg.review then
           return review.apply_edit(err, params, ctx)

@@ -104,10 +104,15 @@ function M.ask(edit, encoding, title, on_done)
     return
   end
   local win = open_float(lines, title)
+  -- The default vim.ui.select() is inputlist(), which blocks before the next redraw: without one now,
+  -- the user would be asked about a float that is not on screen yet.
+  vim.cmd.redraw()
   vim.ui.select({ 'Apply', 'Discard' }, { prompt = title .. ': apply this change?' }, function(choice)
     if api.nvim_win_is_valid(win) then
       api.nvim_win_close(win, true)
     end
+    -- Clears inputlist()'s lines too: the messages after the choice then need no hit-enter prompt.
+    vim.cmd.redraw()
     on_done(choice ~= 'Apply' and M.DISCARDED or nil)
   end)
 end
