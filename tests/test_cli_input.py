@@ -167,10 +167,10 @@ def test_ctrl_c_in_a_terminal_stops_the_server():
         os.close(terminal)
 
 
-@pytest.mark.parametrize("seconds", [0.3, 0.8, 1.5])
+@pytest.mark.parametrize("seconds", [0.6, 1.2, 2.0])
 def test_ctrl_c_while_it_starts_prints_no_traceback(seconds):
     """Ctrl-C in the first seconds (the modules still importing) printed a KeyboardInterrupt
-    traceback. (Before 0.2 s it lands in the interpreter's own start, before any of our code.)"""
+    traceback. (In its first ~0.1 s it lands in the interpreter's own start, before any of our code.)"""
     controller, terminal = pty.openpty()
     p = subprocess.Popen([sys.executable, "-m", "llada_lsp"], stdin=terminal, stdout=terminal,
                          stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip

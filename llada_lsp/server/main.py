@@ -286,8 +286,9 @@ class LladaServer(LanguageServer):
 
     async def watch_status(self) -> None:
         """Pushes every change of state as it happens, not on the next request: a service that went
-        away or stopped answering, one that is back (tried again at most once a second), a load's end."""
-        while not self.shutdown_requested:
+        away or stopped answering, one that is back (tried again at most once a second), a load's end.
+        Ends with the session (a TCP session's loop goes on serving the next one)."""
+        while not self.shutdown_requested and not (self._stop_event and self._stop_event.is_set()):
             if self.status()["state"] == "unavailable":
                 await self.reach_engine()
             self.push_status()
