@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 DRAFT = "llada/draft"
 STATUS_PUSH = "llada/status"  # the llada.status result, pushed once per change of state
 STATUS_WATCH_SECONDS = 1.0  # how often the state is looked at (a dict built: cheap)
-LOST = ("unavailable", "not responding")  # the engine service's failure states
+FAILED = ("error", "unavailable", "not responding")  # states said with window/showMessage too
 
 
 @dataclass(frozen=True)
@@ -266,7 +266,8 @@ class LladaServer(LanguageServer):
     def push_status(self) -> None:
         """`llada/status` (what llada.status answers) when the engine, the model or the state changed
         since the last one, and a window/showMessage when the engine service is lost or found again
-        (a model that cannot load is shown by `_on_loaded`; what failed before initialize by `tell`).
+        or its model cannot load (the model in this process: shown by `_on_loaded`; what failed before
+        initialize: by `tell`).
         Nothing before the initialize result is out: some clients fail on an early notification."""
         if self._told is not None or self.shutdown_requested:
             return
@@ -276,12 +277,13 @@ class LladaServer(LanguageServer):
             return
         before, self._pushed = self._pushed, key
         self.protocol.notify(STATUS_PUSH, now)
-        if before is None or before[0] != key[0]:
-            return
-        if now["state"] in LOST and before[2] not in LOST:
+        if before is None or before[0] != key[0] or now.get("engine") == "local":
+            return  # said already: at initialize (`tell`), or by `_on_loaded` for the model in this process
+        if now["state"] in FAILED and now["state"] != before[2]:
             why = f": {now['error']}" if now.get("error") else ""
-            self.show(f"the engine service at {now['engine']} is {now['state']}{why}")
-        elif before[2] in LOST and now["state"] not in LOST:
+            what = "cannot load its model" if now["state"] == "error" else f"is {now['state']}"
+            self.show(f"the engine service at {now['engine']} {what}{why}")
+        elif before[2] in FAILED and now["state"] not in FAILED:
             self.show(f"the engine service at {now['engine']} is back ({now['state']})", types.MessageType.Info)
 
     async def watch_status(self) -> None:
