@@ -236,8 +236,7 @@ def _fail(command: str, message: str) -> int:
 
 
 def _parser(command: str, description: str) -> argparse.ArgumentParser:
-    return _common(argparse.ArgumentParser(prog=f"llada-lsp {command}", description=description, epilog=EXIT_CODES,
-                                           formatter_class=argparse.RawDescriptionHelpFormatter))  # fmt: skip
+    return _common(argparse.ArgumentParser(prog=f"llada-lsp {command}", description=description, epilog=EXIT_CODES))
 
 
 def complete_main(argv: list[str] | None = None) -> int:
@@ -323,7 +322,8 @@ async def _rewrite(doc: Document, path: Path, span: tuple[int, int, int, int], a
             return _fail("rewrite", err.message)
     if result.get("changed") is False:  # kept as it was: the selection is the answer, nothing to write
         print(f"llada-lsp rewrite: {result.get('reason')}", file=sys.stderr)
-        print(result["text"], end="" if args.write or args.diff else "\n")
+        if not (args.write or args.diff):  # else the diff is empty: nothing changed
+            print(result["text"])
         return 0
     if not result.get("applied"):
         if result.get("text"):
@@ -334,7 +334,8 @@ async def _rewrite(doc: Document, path: Path, span: tuple[int, int, int, int], a
         return 0
     # stdout is a patch (`patch -p0` takes it); what was done goes to stderr.
     before, after = original.splitlines(keepends=True), session.doc.text.splitlines(keepends=True)
-    sys.stdout.writelines(difflib.unified_diff(before, after, str(path), str(path)))
+    for line in difflib.unified_diff(before, after, str(path), str(path)):  # a last line without its line end:
+        sys.stdout.write(line if line.endswith("\n") else f"{line}\n\\ No newline at end of file\n")  # as diff(1)
     if args.write:
         path.write_bytes(session.doc.text.encode("utf-8"))
         print(f"llada-lsp rewrite: wrote {path}", file=sys.stderr)
