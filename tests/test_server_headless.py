@@ -112,3 +112,12 @@ def test_an_instruction_the_embedded_model_cannot_read_is_refused_before_it_load
     done = subprocess.run(command, capture_output=True, text=True, timeout=50, env=env)
     assert done.returncode == 1 and "cannot follow an instruction" in done.stderr, done.stderr
     assert done.stderr.count("\n") == 1 and file.read_text() == SOURCE
+
+
+def test_the_diff_of_a_file_without_a_final_line_end_applies(tmp_path: Path):
+    """Its last line was glued to the next line of the diff: `patch` could not read it."""
+    file = tmp_path / "calc.py"
+    file.write_text(SOURCE.rstrip("\n"))
+    done = llada("rewrite", f"{file}:6:1-7:1", "--diff")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith(" print(add(1, 2))\n\\ No newline at end of file\n"), done.stdout
