@@ -28,8 +28,14 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
 
 
 def run(name: str, argv: list[str]) -> int:
+    """Ctrl-C before a command handles it (while its modules import, say) ends it with the shell's
+    usual code and one line, not a traceback."""
     module, function, _ = SUBCOMMANDS[name]
-    return getattr(import_module(f".commands.{module}", __package__), function)(argv) or 0
+    try:
+        return getattr(import_module(f".commands.{module}", __package__), function)(argv) or 0
+    except KeyboardInterrupt:
+        print("llada-lsp: interrupted", file=sys.stderr)
+        return 130
 
 
 def usage() -> str:

@@ -18,7 +18,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 def test_generate_reproduces_a_reference_case(golden_dir, golden_generate):
     case = next(c for c in golden_generate["cases"] if c["id"] == "A07_P32_G64_quality")
     p = run("generate", "--model", str(golden_dir), "--prompt-ids", ",".join(map(str, case["prompt_ids"])),
-            "--mode", "quality", "--gen-length", "64", "--dtype", "float64", "--json")
+            "--mode", "quality", "--gen-length", "64", "--dtype", "float64", "--threads", "1", "--json")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["tokens"] == case["output_ids"] and out["steps"] == case["num_forward_calls"]

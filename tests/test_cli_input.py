@@ -58,7 +58,7 @@ def test_version_and_unknown_subcommand():
 @pytest.fixture
 def source(tmp_path):
     path = tmp_path / "a.py"
-    path.write_text("def f(x):\n    return x + 1\n")  # 3 lines for an editor: the last one is empty
+    path.write_text("def f(x):\n    return x + 1\n")  # 2 lines, as an editor and `wc -l` count them
     return path
 
 
@@ -66,14 +66,19 @@ def source(tmp_path):
     "args, expected",
     [
         (["complete", "{f}:0:0"], "{f}:0:0: lines and columns count from 1"),
-        (["complete", "{f}:4:1"], "{f}:4:1: line 4 is past the end (the file has 3 lines)"),
+        (["complete", "{f}:4:1"], "{f}:4:1: line 4 is past the end (the file has 2 lines)"),
+        (["complete", "{f}:3:1"], "{f}:3:1: line 3 is past the end (the file has 2 lines)"),
         (["complete", "{f}:2:40"], "column 40 is past the end of line 2 (16 characters: the last column is 17)"),
         (["complete", "{f}:2"], "expected FILE:LINE:COL"),
         (["complete", "{missing}:1:1"], "no such file"),
         (["complete", "{binary}:1:1"], "not UTF-8 text"),
         (["complete", "{nul}:1:1"], "a binary file"),
+        (["complete", "{folder}:1:1"], "{folder}: a directory, not a file"),
+        (["complete", "/dev/null:1:1"], "/dev/null: a character device, not a file"),
+        (["rewrite", "{f}:2:5-2:5"], "{f}:2:5-2:5: the range is empty"),
+        (["rewrite", "{f}:1:1-4:1"], "{f}:4:1: line 4 is past the end (the file has 2 lines)"),
         (["rewrite", "{f}:2:5-1:1"], "{f}:2:5-1:1: the range ends (1:1) before it starts (2:5)"),
-        (["rewrite", "{f}:1:1-9:1"], "{f}:9:1: line 9 is past the end (the file has 3 lines)"),
+        (["rewrite", "{f}:1:1-9:1"], "{f}:9:1: line 9 is past the end (the file has 2 lines)"),
         (["rewrite", "{f}:1:1"], "expected FILE:L1:C1-L2:C2"),
     ],
 )
@@ -81,7 +86,7 @@ def test_bad_input_is_one_line_in_the_users_numbering(args, expected, source, tm
     binary, nul = tmp_path / "b.py", tmp_path / "n.py"
     binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
     nul.write_bytes(b"x = 1\n\x00\x00")
-    names = {"f": source, "missing": tmp_path / "nope.py", "binary": binary, "nul": nul}
+    names = {"f": source, "missing": tmp_path / "nope.py", "binary": binary, "nul": nul, "folder": tmp_path}
     p = run(*[a.format(**names) for a in args])
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
@@ -155,6 +160,26 @@ def test_ctrl_c_in_a_terminal_stops_the_server():
         assert p.wait(timeout=20) != 0
         err = p.stderr.read().decode()
         assert "interrupted" in err and "Traceback" not in err
+        assert "llada-lsp: waiting for an LSP client on stdin; see --help" in err, "started by hand: says why it waits"
+    finally:
+        p.kill()
+        os.close(controller)
+        os.close(terminal)
+
+
+@pytest.mark.parametrize("seconds", [0.6, 1.2, 2.0])
+def test_ctrl_c_while_it_starts_prints_no_traceback(seconds):
+    """Ctrl-C in the first seconds (the modules still importing) printed a KeyboardInterrupt
+    traceback. (In its first ~0.1 s it lands in the interpreter's own start, before any of our code.)"""
+    controller, terminal = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "llada_lsp"], stdin=terminal, stdout=terminal,
+                         stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        time.sleep(seconds)
+        os.kill(p.pid, signal.SIGINT)
+        assert p.wait(timeout=20) != 0
+        err = p.stderr.read().decode()
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     finally:
         p.kill()
         os.close(controller)

@@ -191,3 +191,60 @@ async def test_a_named_service_that_does_not_answer(tmp_path):
         assert any("cannot use the engine service" in m for m in messages)
     finally:
         await front.stop()
+
+
+async def test_the_editor_hears_the_service_go_and_come_back(tmp_path):
+    """Two editors' statuslines said `ready` after the service was killed, and `unavailable` after it
+    was back, until asked. The front pushes llada/status once per change of state, as it happens
+    (no request needed), with one window/showMessage for the loss and one for the return. On the way:
+    `engine status` counts no batches before any request (the load's warm-up is not served work)."""
+    folder = tempfile.mkdtemp(prefix="ll")
+    socket, log = os.path.join(folder, "engine.sock"), os.path.join(folder, "engine.log")
+    process = start_service(socket, log)
+    asked = subprocess.run([sys.executable, "-m", "llada_lsp", "engine", "status", "--listen", f"unix:{socket}"],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert asked.returncode == 0 and "state: ready" in asked.stdout, asked.stderr
+    assert "batches" not in asked.stdout, asked.stdout
+    front = Front(socket)
+    pushed: list = []
+    messages: list = []
+    changed = asyncio.Event()
+
+    def on_status(params) -> None:
+        pushed.append(params.state)
+        changed.set()
+
+    async def until(state: str) -> None:
+        while not pushed or pushed[-1] != state:
+            changed.clear()
+            await asyncio.wait_for(changed.wait(), 60)
+
+    front.client.feature("llada/status")(on_status)
+    front.client.feature(t.WINDOW_SHOW_MESSAGE)(lambda params: messages.append(params))
+    await front.start()
+    try:
+        await until("ready")
+        process.kill()
+        process.wait(timeout=10)
+        await until("unavailable")
+        uri = "file:///tmp/e2e/push.py"
+        front.client.text_document_did_open(t.DidOpenTextDocumentParams(t.TextDocumentItem(uri, "python", 1, "x = 1\n")))
+        for _ in range(3):  # requests while it is gone fail, and change nothing more
+            with pytest.raises(Exception, match="engine service"):
+                await front.client.text_document_inline_completion_async(t.InlineCompletionParams(
+                    text_document=t.TextDocumentIdentifier(uri), position=t.Position(0, 5),
+                    context=t.InlineCompletionContext(t.InlineCompletionTriggerKind.Invoked)))  # fmt: skip
+        lost = [m for m in messages if "engine service" in m.message]
+        assert len(lost) == 1 and lost[0].type == t.MessageType.Error and "unavailable" in lost[0].message, messages
+        process = start_service(socket, log)
+        await until("ready")  # found back by the front itself: no request, no llada.status
+        # Once per change: found back while the new service still loads, or once it has loaded.
+        assert pushed in (["ready", "unavailable", "ready"], ["ready", "unavailable", "loading", "ready"]), pushed
+        back = [m for m in messages if "engine service" in m.message][1:]
+        assert len(back) == 1 and "back" in back[0].message and back[0].type == t.MessageType.Info, messages
+        status = await front.client.workspace_execute_command_async(t.ExecuteCommandParams("llada.status"))
+        assert status["state"] == "ready" and status["engine"] == f"unix:{socket}"
+    finally:
+        await front.stop()
+        process.terminate()
+        process.wait(timeout=30)

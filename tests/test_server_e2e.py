@@ -56,23 +56,41 @@ class Editor:
         self.client = client
         self.drafts: list[Any] = []
         self.edits: list[t.ApplyWorkspaceEditParams] = []
+        self.statuses: list[dict] = []  # llada/status pushes
         self.refuse_edits = False
+        self.hold_edits = False  # answer workspace/applyEdit only once `released` (as Vim's ALE: never)
+        self.released = asyncio.Event()
         self._waiters: list[tuple[Any, Future]] = []
         self._docs = 0
         client.feature("llada/draft")(lambda params: self._on_draft(params))
-        client.feature(t.WORKSPACE_APPLY_EDIT)(lambda params: self._on_apply_edit(params))
+
+        async def on_apply_edit(params):  # pygls marks handlers with attributes: a plain function
+            return await self._on_apply_edit(params)
+
+        client.feature(t.WORKSPACE_APPLY_EDIT)(on_apply_edit)
         client.feature(t.WINDOW_LOG_MESSAGE)(lambda params: self._on_log(params))
+        client.feature("llada/status")(lambda params: self._on_status(params))
 
     # --- what the server sends ----------------------------------------------------------------
     def _on_draft(self, params) -> None:
         self.drafts.append(params)
         self._wake(params)
 
-    def _on_apply_edit(self, params: t.ApplyWorkspaceEditParams) -> t.ApplyWorkspaceEditResult:
+    async def _on_apply_edit(self, params: t.ApplyWorkspaceEditParams) -> t.ApplyWorkspaceEditResult:
         self.edits.append(params)
+        if self.hold_edits:
+            await self.released.wait()
         if self.refuse_edits:
             return t.ApplyWorkspaceEditResult(applied=False, failure_reason="the user undid it")
         return t.ApplyWorkspaceEditResult(applied=True)
+
+    def _on_status(self, params) -> None:
+        self.statuses.append(params)
+        self._wake(params)
+
+    async def loaded(self) -> Any:
+        """The first llada/status past loading (ready, or error)."""
+        return await self.until(lambda p: getattr(p, "state", "loading") != "loading", self.statuses)
 
     def _on_log(self, params: t.LogMessageParams) -> None:
         self.client.log_messages.append(params)
@@ -135,8 +153,10 @@ def make_client() -> LanguageClient:
 
 
 async def start(*, drafts: bool = True, encodings: list[str] | None = None, options: dict | None = None,
-                env: dict[str, str] | None = None, threads: int = 1) -> Editor:  # fmt: skip
-    """One model thread by default: the answers do not depend on the machine's core count."""
+                env: dict[str, str] | None = None, threads: int = 1, wait: bool = True,
+                workspace: t.WorkspaceClientCapabilities | None = None) -> Editor:  # fmt: skip
+    """One model thread by default: the answers do not depend on the machine's core count. Returned
+    once the model has loaded (`wait`): completions asked before are answered with nothing."""
     command = SERVER + ["--threads", str(threads)]
     config = ClientServerConfig(command, client_factory=make_client, server_env={**os.environ, **(env or {})})
     client = await config.start()
@@ -144,12 +164,15 @@ async def start(*, drafts: bool = True, encodings: list[str] | None = None, opti
     capabilities = t.ClientCapabilities(
         general=t.GeneralClientCapabilities(position_encodings=encodings),
         window=t.WindowClientCapabilities(work_done_progress=True),
-        workspace=t.WorkspaceClientCapabilities(apply_edit=True),
+        workspace=workspace or t.WorkspaceClientCapabilities(
+            apply_edit=True, workspace_edit=t.WorkspaceEditClientCapabilities(document_changes=True)),
         experimental={"lladaDrafts": True} if drafts else None,
     )  # fmt: skip
     options = {"maxCompletionTokens": 32, **(options or {})}
     params = t.InitializeParams(capabilities=capabilities, initialization_options=options)
     editor.result = await asyncio.wait_for(client.initialize_session(params), TIMEOUT)
+    if wait:
+        await editor.loaded()
     return editor
 
 
@@ -212,10 +235,12 @@ async def test_capabilities_and_bad_option_reported(editor: Editor):
 
 
 async def test_model_loaded_with_progress(editor: Editor):
-    await editor.inline(editor.open(), MID_LINE)  # queued behind the load: answered once it is ready
     assert (await editor.command("llada.status"))["state"] == "ready"
     reports = [r for token, rs in editor.client.progress_reports.items() if "load" in str(token) for r in rs]
     assert reports and reports[0].kind == "begin" and reports[-1].kind == "end"
+    # Pushed once per change of state, not per request: loading (unless the load was quicker than
+    # `initialized`), then ready.
+    assert [s.state for s in editor.statuses] in (["loading", "ready"], ["ready"]), editor.statuses
 
 
 async def test_inline_mid_line_is_the_rest_of_the_line(editor: Editor):
@@ -514,4 +539,121 @@ async def test_a_missing_model_is_reported_and_the_server_keeps_answering():
         assert item.insert_text.strip()
         assert (await editor.command("llada.status"))["state"] == "ready"
     finally:
+        assert await stop(editor) == 0
+
+
+# --- every client, every state (issue 24) ----------------------------------------------------------
+def applied(text: str, edit: t.TextEdit) -> str:
+    """`text` (one-line edits, UTF-16 = str indexing here: ASCII) with `edit` applied, as a client does."""
+    lines = text.split("\n")
+    r = edit.range
+    assert r.start.line == r.end.line
+    line = lines[r.start.line]
+    lines[r.start.line] = line[: r.start.character] + edit.new_text + line[r.end.character :]
+    return "\n".join(lines)
+
+
+async def test_a_cursor_inside_a_word_does_not_duplicate_it(editor: Editor):
+    """`    re|turn su`: the embedded model completes `turn ...` there (it keeps the word's rest). An
+    edit that stopped at the cursor left `turn` behind the completion: `return float(...)turn su`."""
+    text = "def total(values: list[float]) -> float:\n    return su\n"
+    uri = editor.open(text)
+    cursor = t.Position(1, 6)
+    params = t.CompletionParams(text_document=t.TextDocumentIdentifier(uri), position=cursor)
+    result = await editor.request(t.TEXT_DOCUMENT_COMPLETION, params)
+    for item in result.items:  # an item, if offered, replaces the whole word
+        assert item.text_edit.range == t.Range(t.Position(1, 4), t.Position(1, 10)), item.text_edit
+        after = applied(text, item.text_edit)
+        assert after.count("turn") == 1 and after.split("\n")[1].startswith("    return"), after
+    assert result.items, "the embedded model answers here"
+    inline = await editor.inline(uri, cursor)
+    for item in inline.items:  # likewise inline: the range covers the rest of the word
+        assert item.range == t.Range(cursor, t.Position(1, 10)) and item.insert_text.startswith("turn")
+        after = applied(text, t.TextEdit(item.range, item.insert_text))
+        assert after.count("turn") == 1, after
+    assert inline.items
+
+
+async def test_completions_while_the_model_loads_answer_at_once():
+    """lsp-mode waits 10 s, synchronously, for a completion; a load takes longer on a busy machine.
+    While it loads (5 s more here, the test hook), completions answer with nothing at once, before the
+    load ends; the first after it gets a real answer."""
+    editor = await start(wait=False, env={"LLADA_LSP_TEST_LOAD_DELAY_MS": "5000"})
+    try:
+        uri = editor.open("def average(values):\n    return sum\n")
+        at = t.Position(1, 14)
+        params = t.CompletionParams(text_document=t.TextDocumentIdentifier(uri), position=at)
+        answer = await editor.request(t.TEXT_DOCUMENT_COMPLETION, params)
+        assert answer.is_incomplete is True and not answer.items, answer
+        assert (await editor.inline(uri, at)).items == ()
+        assert not any(s.state == "ready" for s in editor.statuses), "answered before the load ended"
+        assert (await editor.command("llada.status"))["state"] == "loading"
+        await editor.loaded()
+        (item,) = (await editor.request(t.TEXT_DOCUMENT_COMPLETION, params)).items
+        assert item.text_edit.new_text.startswith("sum(")
+        kinds = [r.kind for token, rs in editor.client.progress_reports.items() if "load" in str(token) for r in rs]
+        assert kinds[0] == "begin" and kinds[-1] == "end", "the load is reported through $/progress"
+    finally:
+        assert await stop(editor) == 0
+
+
+async def test_rewrite_is_offered_as_a_code_action(editor: Editor):
+    """lsp-mode, ALE, Helix, Kate reach a rewrite through textDocument/codeAction only."""
+    assert editor.result.capabilities.code_action_provider is not None
+    uri = editor.open(PARSES)
+    selection = t.Range(t.Position(5, 0), t.Position(6, 0))
+
+    async def actions(rng: dict, only: list[str] | None = None) -> list:
+        # Raw: lsprotocol's client-side converter takes every action that has a `command` for a Command.
+        context = {"diagnostics": [], **({"only": only} if only else {})}
+        params = {"textDocument": {"uri": uri}, "range": rng, "context": context}
+        return await editor.raw(t.TEXT_DOCUMENT_CODE_ACTION, params, 401) or []
+
+    assert await actions(span(5, 3, 5, 3)) == [], "nothing to rewrite in an empty range"
+    assert await actions(span(5, 0, 6, 0), only=["quickfix"]) == []
+    (action,) = await actions(span(5, 0, 6, 0), only=["refactor"])
+    assert action["title"] == "Rewrite selection (LLaDA)" and action["kind"] == "refactor.rewrite"
+    command = action["command"]
+    assert command["command"] == "llada.rewriteSelection"
+    (argument,) = command["arguments"]
+    assert argument == {"textDocument": {"uri": uri, "version": 1}, "range": span(5, 0, 6, 0)}
+    # Run as a client runs an action's command: the rewrite is applied with the document's version.
+    result = await editor.command(command["command"], *command["arguments"])
+    assert result == {"applied": True, "changed": True, "text": "    return a + b\n"}
+    (change,) = editor.edits[-1].edit.document_changes
+    assert change.text_document.version == 1 and change.edits[0].range == selection
+
+
+async def test_a_client_that_cannot_apply_edits_gets_the_edit_in_the_result():
+    """`workspace.applyEdit: false` (Vim's ALE): no workspace/applyEdit is sent; the command answers
+    with the edit, in `changes` since the client did not declare `documentChanges`."""
+    editor = await start(drafts=False, workspace=t.WorkspaceClientCapabilities(apply_edit=False))
+    try:
+        uri = editor.open(PARSES)
+        argument = {"textDocument": {"uri": uri, "version": 1}, "range": span(5, 0, 6, 0)}
+        result = await editor.command("llada.rewriteSelection", argument)
+        assert editor.edits == [], "nothing sent to a client that said it cannot apply it"
+        assert result["applied"] is False and result["changed"] is True and "applyEdit" in result["reason"]
+        (edit,) = result["edit"]["changes"][uri]
+        assert edit == {"range": span(5, 0, 6, 0), "newText": "    return a + b\n"} == {**edit, "newText": result["text"]}
+    finally:
+        assert await stop(editor) == 0
+
+
+async def test_a_client_that_never_answers_apply_edit_still_gets_the_commands_answer():
+    """A client that declares applyEdit (without documentChanges) and never answers it: the edit goes
+    as `changes`, and the command answers after `applyEditTimeout` seconds with the edit."""
+    workspace = t.WorkspaceClientCapabilities(apply_edit=True)
+    editor = await start(drafts=False, workspace=workspace, options={"applyEditTimeout": 1})
+    editor.hold_edits = True
+    try:
+        uri = editor.open(PARSES)
+        argument = {"textDocument": {"uri": uri, "version": 1}, "range": span(5, 0, 6, 0)}
+        result = await editor.command("llada.rewriteSelection", argument)
+        (sent,) = editor.edits
+        assert sent.edit.document_changes is None and list(sent.edit.changes) == [uri]
+        assert result["applied"] is False and "did not answer" in result["reason"] and "1 s" in result["reason"]
+        assert result["edit"]["changes"][uri][0]["newText"] == result["text"] == "    return a + b\n"
+    finally:
+        editor.released.set()  # a handler still waiting would break the client's own stop
         assert await stop(editor) == 0

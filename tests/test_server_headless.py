@@ -21,7 +21,7 @@ def llada(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_complete_prints_the_completion_of_the_line():
-    done = llada("complete", "examples/hello.py:12:15", "--max-tokens", "32", "--drafts")
+    done = llada("complete", "examples/hello.py:12:15", "--max-tokens", "32", "--drafts", "--threads", "1")
     assert done.returncode == 0, done.stderr
     assert done.stdout.endswith("\n") and done.stdout.count("\n") == 1, "one line: the rest of line 12"
     assert done.stdout.strip(), "the embedded model completes `return sum` here"
@@ -41,14 +41,37 @@ def test_an_indented_empty_line_completes_at_the_indentation_typed(tmp_path: Pat
 SOURCE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\nprint(add(1, 2))\n"
 
 
+DIFF = "".join(f"{line}\n" for line in ["@@ -3,6 +3,6 @@", " ", " ", " def sub(a, b):", "-    return a - b",
+                                        "+    return a + b", " ", " print(add(1, 2))"])  # fmt: skip
+
+
 def test_rewrite_applies_the_edit_through_the_server(tmp_path: Path):
+    """--write says what it changed: a unified diff on stdout (a patch), `wrote FILE` on stderr."""
     file = tmp_path / "calc.py"
     file.write_text(SOURCE)
     done = llada("rewrite", f"{file}:6:1-7:1", "--write")
     assert done.returncode == 0, done.stderr
     # What the embedded model does with line 6 (deterministic on the CPU): it changes the operator.
-    assert done.stdout == "    return a + b\n\n"
+    assert done.stdout == f"--- {file}\n+++ {file}\n{DIFF}"
+    assert f"llada-lsp rewrite: wrote {file}" in done.stderr
     assert file.read_text() == SOURCE.replace("a - b", "a + b")
+
+
+def test_rewrite_diff_shows_the_change_and_leaves_the_file(tmp_path: Path):
+    file = tmp_path / "calc.py"
+    file.write_text(SOURCE)
+    done = llada("rewrite", f"{file}:6:1-7:1", "--diff")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"--- {file}\n+++ {file}\n{DIFF}" and "wrote" not in done.stderr
+    assert file.read_text() == SOURCE
+
+
+def test_a_rewrite_of_the_last_line_may_end_at_the_end_of_the_file(tmp_path: Path):
+    """The file has 8 lines as an editor shows them; 9:1, the end of the file, ends a span."""
+    file = tmp_path / "calc.py"
+    file.write_text(SOURCE)
+    done = llada("rewrite", f"{file}:8:1-9:1")
+    assert done.returncode in (0, 1) and "past the end" not in done.stderr, done.stderr
 
 
 def test_a_rewrite_that_would_break_the_file_is_not_written(tmp_path: Path):
@@ -61,5 +84,40 @@ def test_a_rewrite_that_would_break_the_file_is_not_written(tmp_path: Path):
 
 
 def test_a_missing_model_fails_with_the_reason():
+    """One line (it was three near-identical ones: the server's log, its message, its answer), with
+    one `llada` prefix."""
     done = llada("complete", "examples/hello.py:12:15", "--model", "/nonexistent/model")
     assert done.returncode == 1 and "/nonexistent/model" in done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("llada-lsp complete: "), done.stderr
+    assert "llada:" not in done.stderr
+
+
+def test_no_completion_is_said_and_exits_1(tmp_path: Path):
+    """An empty line on stdout with code 0 read as a whitespace answer. The embedded model answers
+    nothing after `return a + ` (tests/test_server_e2e.py: MID_LINE)."""
+    file = tmp_path / "unfinished.py"
+    file.write_text("def add(a, b):\n    return a + \n\n\ndef sub(a, b):\n    \n\nprint(add(1, 2))\n")
+    done = llada("complete", f"{file}:2:16")
+    assert done.returncode == 1 and done.stdout == "", (done.stdout, done.stderr)
+    assert done.stderr == "llada-lsp complete: no completion\n"
+
+
+def test_an_instruction_the_embedded_model_cannot_read_is_refused_before_it_loads(tmp_path: Path):
+    """It loaded the model (12-27 s on a busy machine) before refusing. Here a load takes a minute
+    (the test hook): the refusal comes long before."""
+    file = tmp_path / "calc.py"
+    file.write_text(SOURCE)
+    env = {**os.environ, "LLADA_LSP_TEST_LOAD_DELAY_MS": "60000"}
+    command = [sys.executable, "-m", "llada_lsp", "rewrite", f"{file}:6:1-7:1", "--instruction", "use subtraction"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=50, env=env)
+    assert done.returncode == 1 and "cannot follow an instruction" in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and file.read_text() == SOURCE
+
+
+def test_the_diff_of_a_file_without_a_final_line_end_applies(tmp_path: Path):
+    """Its last line was glued to the next line of the diff: `patch` could not read it."""
+    file = tmp_path / "calc.py"
+    file.write_text(SOURCE.rstrip("\n"))
+    done = llada("rewrite", f"{file}:6:1-7:1", "--diff")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith(" print(add(1, 2))\n\\ No newline at end of file\n"), done.stdout

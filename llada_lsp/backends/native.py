@@ -100,6 +100,8 @@ def load(spec: ModelSpec, report: Report, cancelled: Callable[[], bool] | None =
                     max_queue=spec.max_queue)  # fmt: skip
     # First-call costs (allocations, kernel selection) are paid here, not on the first keystroke.
     engine.generation(codec.encode("def f():\n"), 1, "speed", mask_id=codec.special.mask).run()
+    # ... and are not served work: `engine status` counts batches and cache hits from here.
+    engine.scheduler.stats, engine.cache.stats = type(engine.scheduler.stats)(), type(engine.cache.stats)()
     return LoadedModel(spec, codec, model.config.max_position_embeddings, engine.block_size, NativeBatch(engine))
 
 

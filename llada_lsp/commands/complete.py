@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
+import json
 import re
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,12 @@ from pygls.lsp.client import LanguageClient
 
 from ..server.documents import Document
 from ..server.positions import UTF16, to_character
+from ..server.transport import MAX_CONTENT_LENGTH
+
+EXIT_CODES = """exit codes: 0 done (complete: the completion is printed; rewrite: the new text or the diff);
+1 nothing to show or the server could not serve it ("no completion", a rewrite not applied, no model,
+no engine), said on stderr; 2 bad input (the file, the position, the options), refused before a
+server starts; 130 interrupted (Ctrl-C)."""
 
 SPOT = re.compile(r"^(?P<file>.+):(?P<line>\d+):(?P<col>\d+)$")
 SPAN = re.compile(r"^(?P<file>.+):(?P<l1>\d+):(?P<c1>\d+)-(?P<l2>\d+):(?P<c2>\d+)$")
@@ -38,17 +47,24 @@ class Session:
         # pygls marks handlers with attributes, which bound methods cannot carry: plain functions.
         self.client.feature("llada/draft")(lambda params: self._on_draft(params))
         self.client.feature(types.WORKSPACE_APPLY_EDIT)(lambda params: self._apply_edit(params))
+        self.state: dict[str, Any] = {}
+        self._state_changed = asyncio.Event()
+        self.client.feature("llada/status")(lambda params: self._on_status(params))
 
     async def __aenter__(self) -> "Session":
-        server = [sys.executable, "-m", "llada_lsp", "serve", "--log-level", self.args.log_level]
-        for flag in ("model", "device", "dtype", "engine", "token_file"):
+        server = [sys.executable, "-m", "llada_lsp", "serve", "--log-level", self.args.log_level or "warning"]
+        for flag in ("model", "device", "dtype", "threads", "engine", "token_file"):
             if getattr(self.args, flag, None):
-                server += [f"--{flag.replace('_', '-')}", getattr(self.args, flag)]
+                server += [f"--{flag.replace('_', '-')}", str(getattr(self.args, flag))]
         await self.client.start_io(*server)
-        self._stderr = asyncio.create_task(_forward(self.client._server.stderr))
+        # The server's log goes to stderr as it comes when asked for (--log-level); otherwise it is
+        # kept, and shown only if the server ends without an answer: a failure is said in one line.
+        self.log = bytearray()
+        self._stderr = asyncio.create_task(_forward(self.client._server.stderr, None if self.args.log_level else self.log))
         capabilities = types.ClientCapabilities(
             general=types.GeneralClientCapabilities(position_encodings=[UTF16]),
-            workspace=types.WorkspaceClientCapabilities(apply_edit=True),
+            workspace=types.WorkspaceClientCapabilities(
+                apply_edit=True, workspace_edit=types.WorkspaceEditClientCapabilities(document_changes=True)),
             experimental={"lladaDrafts": bool(getattr(self.args, "drafts", False))},
         )  # fmt: skip
         params = types.InitializeParams(capabilities=capabilities, initialization_options=self.options)
@@ -72,21 +88,53 @@ class Session:
         text = self.doc.line(line - 1) if 0 < line <= len(self.doc.line_starts) else ""
         return types.Position(line - 1, to_character(text, col - 1, UTF16))
 
+    def _on_status(self, params) -> None:
+        self.state = {"state": params.state, "error": getattr(params, "error", None)}
+        self._state_changed.set()
+
+    async def loaded(self) -> None:
+        """Waits while the model loads (completions answer nothing meanwhile); SessionFailed if it
+        cannot load or the engine is unreachable."""
+        exited = asyncio.ensure_future(self.client._server.wait())
+        try:
+            while self.state.get("state") in (None, "loading"):
+                self._state_changed.clear()
+                changed = asyncio.ensure_future(self._state_changed.wait())
+                await asyncio.wait([changed, exited], return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+                if exited.done():
+                    await self._stderr
+                    sys.stderr.buffer.write(self.log)
+                    raise SessionFailed(f"the server ended (exit code {exited.result()}) before the model loaded")
+        finally:
+            exited.cancel()
+        if self.state["state"] != "ready":
+            raise SessionFailed(self.state.get("error") or f"the model is {self.state['state']}")
+
     def _on_draft(self, params) -> None:
         self.drafts.append(params)
         if getattr(self.args, "drafts", False):
             print(f"[draft step {params.step}{' final' if params.final else ''}] {params.text!r}", file=sys.stderr)
 
     def _apply_edit(self, params: types.ApplyWorkspaceEditParams) -> types.ApplyWorkspaceEditResult:
-        for change in params.edit.document_changes or []:
-            for edit in reversed(change.edits):
+        changes = [change.edits for change in params.edit.document_changes or []]
+        changes += list((params.edit.changes or {}).values())
+        for edits in changes:
+            for edit in reversed(edits):
                 r = edit.range
                 self.doc.edit((r.start.line, r.start.character), (r.end.line, r.end.character), edit.new_text, UTF16)
         return types.ApplyWorkspaceEditResult(applied=True)
 
 
-async def _forward(stream) -> None:
+class SessionFailed(Exception):
+    """The server cannot serve (no model, no engine): one line for the user, exit code 1."""
+
+
+async def _forward(stream, kept: bytearray | None) -> None:
     while line := await stream.readline():
+        if kept is not None:
+            kept += line
+            continue
         sys.stderr.buffer.write(line)
         sys.stderr.flush()
 
@@ -96,13 +144,16 @@ def _common(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--model", metavar="PATH|HF-ID", help="model folder or cached Hugging Face id (default: embedded)")
     ap.add_argument("--device", help="cpu, cuda, cuda:N")
     ap.add_argument("--dtype", help="float32, bfloat16, float16, float64")
+    ap.add_argument("--threads", type=int, metavar="N", help="CPU threads of the model (the server's default: half "
+                    "the cores)")  # fmt: skip
     ap.add_argument("--context-tokens", type=int, help="prompt budget in tokens (the server's default: 1024)")
     ap.add_argument("--engine", metavar="auto|local|unix:PATH|tcp://HOST:PORT",
                     help="where the model runs (the server's default: auto, a running `llada-lsp engine` at the default "
                     "socket, else in the server's process)")  # fmt: skip
     ap.add_argument("--token-file", metavar="PATH", help="the token of an engine service on TCP")
-    ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
-                    help="the server's log level on stderr")  # fmt: skip
+    ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                    help="show the server's log on stderr from this level (default: shown only if the server "
+                    "fails without an answer)")  # fmt: skip
     return ap
 
 
@@ -117,8 +168,7 @@ def _open(value: str, pattern: re.Pattern, form: str) -> tuple[Document, Path, r
     if not m:
         raise InputError(f"expected {form} (1-based line and column), got {value!r}")
     path = Path(m["file"])
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
+    _check_file(path)
     try:
         text = path.read_bytes().decode("utf-8")  # as it is: CRLF files stay CRLF
     except UnicodeDecodeError as err:
@@ -127,14 +177,49 @@ def _open(value: str, pattern: re.Pattern, form: str) -> tuple[Document, Path, r
         raise InputError(f"{path}: {err.strerror or err}") from None
     if "\0" in text:
         raise InputError(f"{path}: a binary file (it contains NUL bytes)")
-    return Document(path.resolve().as_uri(), 1, text), path, m
+    doc = Document(path.resolve().as_uri(), 1, text)
+    if len(json.dumps(text)) + len(doc.uri) + 200 > MAX_CONTENT_LENGTH:  # as the client sends it (escapes)
+        raise InputError(_too_big(path, len(text.encode("utf-8")), "as one LSP message, escaped"))
+    return doc, path, m
 
 
-def _check(doc: Document, path: Path, line: int, col: int) -> None:
-    """A 1-based line and column (in characters) inside the document, or InputError in those terms."""
-    lines = len(doc.line_starts)
+def _check_file(path: Path) -> None:
+    """InputError saying what `path` is when it is no regular file, or one too big to send."""
+    try:
+        mode = path.stat()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as err:
+        raise InputError(f"{path}: {err.strerror or err}") from None
+    kinds = {stat.S_ISDIR: "a directory", stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device",
+             stat.S_ISFIFO: "a named pipe", stat.S_ISSOCK: "a socket"}  # fmt: skip
+    for test, kind in kinds.items():
+        if test(mode.st_mode):
+            raise InputError(f"{path}: {kind}, not a file")
+    if mode.st_size > MAX_CONTENT_LENGTH:  # refused by the server's reader: said here, before one starts
+        raise InputError(_too_big(path, mode.st_size))
+
+
+def _too_big(path: Path, size: int, how: str = "") -> str:
+    limit = f"the limit is {MAX_CONTENT_LENGTH // 2**20} MiB{f' ({how})' if how else ''}"
+    return f"{path} is {size / 2**20:.0f} MiB; {limit}"
+
+
+def _lines(doc: Document) -> int:
+    """Lines as an editor shows them and `wc -l` counts them: a line end at the end of the file ends
+    the last line, it does not start another."""
+    starts = doc.line_starts
+    return max(1, len(starts) - 1) if len(starts) > 1 and starts[-1] == len(doc.text) else len(starts)
+
+
+def _check(doc: Document, path: Path, line: int, col: int, end: bool = False) -> None:
+    """A 1-based line and column (in characters) inside the document, or InputError in those terms.
+    The `end` of a span may also be the file's very end, column 1 of the line after the last."""
+    lines = _lines(doc)
     if line < 1 or col < 1:
         raise InputError(f"{path}:{line}:{col}: lines and columns count from 1")
+    if end and (line, col) == (lines + 1, 1) and len(doc.line_starts) > lines:
+        return
     if line > lines:
         raise InputError(f"{path}:{line}:{col}: line {line} is past the end (the file has {lines} lines)")
     length = len(doc.line(line - 1))
@@ -143,15 +228,15 @@ def _check(doc: Document, path: Path, line: int, col: int) -> None:
                          f"({length} characters: the last column is {length + 1})")  # fmt: skip
 
 
-def _fail(session: Session | None, message: str) -> int:
-    for shown in session.messages if session else []:
-        print(shown, file=sys.stderr)
-    print(f"llada-lsp: {message}", file=sys.stderr)
+def _fail(command: str, message: str) -> int:
+    """One line: the server's messages say the same (a model that cannot load is shown, logged and
+    answered), and the server names no source of its own."""
+    print(f"llada-lsp {command}: {message.removeprefix('llada: ')}", file=sys.stderr)
     return 1
 
 
 def _parser(command: str, description: str) -> argparse.ArgumentParser:
-    return _common(argparse.ArgumentParser(prog=f"llada-lsp {command}", description=description))
+    return _common(argparse.ArgumentParser(prog=f"llada-lsp {command}", description=description, epilog=EXIT_CODES))
 
 
 def complete_main(argv: list[str] | None = None) -> int:
@@ -178,11 +263,17 @@ async def _complete(doc: Document, path: Path, line: int, col: int, args, option
             context=types.InlineCompletionContext(types.InlineCompletionTriggerKind.Invoked),
         )  # fmt: skip
         try:
+            await session.loaded()  # asked during the load, a completion is answered with nothing
             result = await session.client.text_document_inline_completion_async(params)
         except JsonRpcException as err:
-            return _fail(session, err.message)
+            return _fail("complete", err.message)
+        except SessionFailed as err:
+            return _fail("complete", str(err))
     items = getattr(result, "items", result) or []
-    print(items[0].insert_text if items else "")
+    if not items:  # an empty line on stdout would read as a whitespace answer
+        print("llada-lsp complete: no completion", file=sys.stderr)
+        return 1
+    print(items[0].insert_text)
     return 0
 
 
@@ -193,15 +284,21 @@ def rewrite_main(argv: list[str] | None = None) -> int:
     ap.add_argument("span", metavar="FILE:L1:C1-L2:C2")
     ap.add_argument("--instruction", help="what to change; used by chat-template models (LLaDA2.1), refused "
                     "with a message by fill-in-the-middle models such as the embedded one")  # fmt: skip
-    ap.add_argument("--write", action="store_true", help="also write the rewritten file back")
+    shown = ap.add_mutually_exclusive_group()
+    shown.add_argument("--write", action="store_true", help="write the rewritten file back, and print the change as "
+                       "a unified diff")  # fmt: skip
+    shown.add_argument("--diff", action="store_true", help="print the change as a unified diff (the file is left "
+                       "as it is)")  # fmt: skip
     args = ap.parse_args(argv)
     try:
         doc, path, m = _open(args.span, SPAN, "FILE:L1:C1-L2:C2")
         span = (int(m["l1"]), int(m["c1"]), int(m["l2"]), int(m["c2"]))
         _check(doc, path, *span[:2])
-        _check(doc, path, *span[2:])
+        _check(doc, path, *span[2:], end=True)
         if span[2:] < span[:2]:
             raise InputError(f"{args.span}: the range ends ({span[2]}:{span[3]}) before it starts ({span[0]}:{span[1]})")
+        if span[2:] == span[:2]:
+            raise InputError(f"{args.span}: the range is empty (the end column is exclusive): nothing to rewrite")
     except InputError as err:
         return _usage_error("rewrite", err)
     options = _options(args, rewriteMode=args.mode)
@@ -209,6 +306,7 @@ def rewrite_main(argv: list[str] | None = None) -> int:
 
 
 async def _rewrite(doc: Document, path: Path, span: tuple[int, int, int, int], args, options) -> int:
+    original = doc.text  # the session applies the edit to `doc`
     async with Session(doc, path, args, options) as session:
         l1, c1, l2, c2 = span
         argument = {
@@ -221,18 +319,26 @@ async def _rewrite(doc: Document, path: Path, span: tuple[int, int, int, int], a
         try:
             result = await session.client.workspace_execute_command_async(params)
         except JsonRpcException as err:
-            return _fail(session, err.message)
+            return _fail("rewrite", err.message)
     if result.get("changed") is False:  # kept as it was: the selection is the answer, nothing to write
         print(f"llada-lsp rewrite: {result.get('reason')}", file=sys.stderr)
-        print(result["text"])
+        if not (args.write or args.diff):  # else the diff is empty: nothing changed
+            print(result["text"])
         return 0
     if not result.get("applied"):
         if result.get("text"):
             print(f"llada-lsp rewrite: the model proposed (not applied):\n{result['text']}", file=sys.stderr)
-        return _fail(session, f"not applied: {result.get('reason')}")
+        return _fail("rewrite", f"not applied: {result.get('reason')}")
+    if not (args.write or args.diff):
+        print(result["text"])
+        return 0
+    # stdout is a patch (`patch -p0` takes it); what was done goes to stderr.
+    before, after = original.splitlines(keepends=True), session.doc.text.splitlines(keepends=True)
+    for line in difflib.unified_diff(before, after, str(path), str(path)):  # a last line without its line end:
+        sys.stdout.write(line if line.endswith("\n") else f"{line}\n\\ No newline at end of file\n")  # as diff(1)
     if args.write:
         path.write_bytes(session.doc.text.encode("utf-8"))
-    print(result["text"])
+        print(f"llada-lsp rewrite: wrote {path}", file=sys.stderr)
     return 0
 
 

@@ -38,8 +38,15 @@ def generate_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eos-id", type=int, help="default: from the checkpoint")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     ap.add_argument("--dtype", default=None, help="float32, bfloat16, float16, float64 (default: bf16 on CUDA, fp32 on CPU)")
+    ap.add_argument("--threads", type=int, metavar="N", help="CPU threads of the model (default: torch's, all the cores)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            ap.error(f"--threads must be at least 1, not {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     try:
         model = load_model(args.model, device=args.device, dtype=args.dtype)

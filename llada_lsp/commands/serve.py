@@ -68,6 +68,8 @@ def serve_main(argv: list[str] | None = None) -> int:
             parser().error("--tcp needs --token-file: anyone who can reach the port could use the server")
         return tcp.serve(host, port, launch, token)
     ls = create_server(launch)
+    if sys.stdin.isatty():  # started by hand: say why nothing happens
+        print("llada-lsp: waiting for an LSP client on stdin; see --help", file=sys.stderr)
     ls.start_io()
     return _end(ls)
 

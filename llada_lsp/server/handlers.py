@@ -11,16 +11,18 @@ from typing import Any
 
 import cattrs
 from lsprotocol import types
-from pygls.exceptions import JsonRpcInvalidParams
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 from pygls.protocol import default_converter
 
 from ..completion.jobs import Rewrite
 from ..completion.syntax import is_python
+from .actions import REWRITE, apply_rewrite, code_action, not_applied
+from .completers import LocalCompleter
 from .main import Launch, LladaServer
 from .settings import settings_section
-from .protocol import why
+from .protocol import REQUEST_FAILED, why
 
-REWRITE, STATUS = "llada.rewriteSelection", "llada.status"
+STATUS = "llada.status"
 _CONVERTER = default_converter()  # stateless: structures command arguments
 
 
@@ -33,6 +35,7 @@ async def initialize(ls: LladaServer, params: types.InitializeParams) -> None:
 
 async def initialized(ls: LladaServer, params: types.InitializedParams) -> None:
     ls.flush_told()
+    ls.background(ls.watch_status())
     await ls.show_load_progress()
 
 
@@ -43,21 +46,23 @@ def did_change_configuration(ls: LladaServer, params: types.DidChangeConfigurati
 
 async def inline_completion(ls: LladaServer, params: types.InlineCompletionParams) -> types.InlineCompletionList:
     found = ls.locate(params.text_document.uri, params.position)
-    if found is None:
+    if found is None or _still_loading(ls, "inline"):
         return types.InlineCompletionList(items=[])
     doc, offset, at = found
     text = await ls.complete(doc, offset, at, "inline")
-    items = [types.InlineCompletionItem(insert_text=text, range=types.Range(at, at))] if text else []
+    end = _end_of_word(ls, doc, offset, text)
+    items = [types.InlineCompletionItem(insert_text=text, range=types.Range(at, end))] if text and end else []
     return types.InlineCompletionList(items=items)
 
 
 async def completion(ls: LladaServer, params: types.CompletionParams) -> types.CompletionList:
     found = ls.locate(params.text_document.uri, params.position)
-    if found is None:
+    if found is None or _still_loading(ls, "completion"):
         return types.CompletionList(is_incomplete=True, items=[])
     doc, offset, at = found
     text = await ls.complete(doc, offset, at, "completion")
-    if not text:
+    end = _end_of_word(ls, doc, offset, text)
+    if not text or end is None:
         return types.CompletionList(is_incomplete=True, items=[])
     # The item replaces the word typed so far with that word completed (`val|` -> `values(values):`):
     # clients filter items by the text from the word's start, and insert the edit's range whole.
@@ -66,10 +71,19 @@ async def completion(ls: LladaServer, params: types.CompletionParams) -> types.C
     label = (word + text).strip().splitlines()[0]
     item = types.CompletionItem(
         label=label, filter_text=word + text.split("\n", 1)[0], kind=types.CompletionItemKind.Text, detail="llada",
-        text_edit=types.TextEdit(types.Range(start, at), word + text),
+        text_edit=types.TextEdit(types.Range(start, end), word + text),
         insert_text_format=types.InsertTextFormat.PlainText, sort_text="0",
     )  # fmt: skip
     return types.CompletionList(is_incomplete=True, items=[item])
+
+
+def _still_loading(ls: LladaServer, method: str) -> bool:
+    """While the model loads, completions answer at once with nothing (`isIncomplete`: the next
+    keystroke asks again): lsp-mode waits 10 s for an answer, synchronously, and a load takes longer."""
+    if ls.status()["state"] != "loading":
+        return False
+    ls.log(f"{method} {ls.protocol.msg_id}: the model is loading; answered with nothing")
+    return True
 
 
 def _word_before(text: str, offset: int) -> str:
@@ -78,6 +92,20 @@ def _word_before(text: str, offset: int) -> str:
     while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
         start -= 1
     return text[start:offset]
+
+
+def _end_of_word(ls: LladaServer, doc, offset: int, text: str) -> types.Position | None:
+    """Where the completion's edit ends: the cursor, or, with the cursor inside a word (`re|turn`), the
+    word's end, since inserting at the cursor would leave the word's rest behind the completion
+    (`return sum(values)turn`). The edit then replaces the rest, so the completion must keep it, at
+    its start (`turn sum(values)`) or at its end: else None, and nothing is offered."""
+    end = offset
+    while end < len(doc.text) and (doc.text[end].isalnum() or doc.text[end] == "_"):
+        end += 1
+    rest = doc.text[offset:end]
+    if rest and not (text.startswith(rest) or text.endswith(rest)):
+        return None
+    return types.Position(*doc.position(end, ls.encoding))
 
 
 @dataclass(frozen=True)
@@ -111,8 +139,13 @@ async def rewrite_selection(ls: LladaServer, params: types.ExecuteCommandParams)
     arg = RewriteArgument.parse(params.arguments)
     doc = ls.documents.get(arg.uri)
     if doc is None or doc.version != arg.version:
-        return not_applied(ls, arg)
+        return not_applied(ls, arg.uri, arg.version)
     start, end, target = ls.span(doc, arg.range)
+    if arg.instruction and isinstance(ls.completer, LocalCompleter) and ls.completer.worker.spec.path is None:
+        # Known before the model has loaded (12-27 s on a busy machine): refused at once.
+        raise JsonRpcException("embedded is a fill-in-the-middle model and cannot follow an instruction; rewrite "
+                               "without one, or load a chat model (LLaDA2.1) to use instructions",
+                               code=REQUEST_FAILED)  # fmt: skip
     job = Rewrite.at(doc.text, start, end, ls.settings.rewrite_mode, ls.settings.context_tokens, arg.instruction,
                      is_python(doc.language, doc.uri))  # fmt: skip
     with WorkDone(ls, params.work_done_token, "llada: rewriting the selection") as progress:
@@ -120,7 +153,7 @@ async def rewrite_selection(ls: LladaServer, params: types.ExecuteCommandParams)
     if outcome.stopped in ("unchanged", "refused"):  # nothing to apply: the client is told why
         ls.log(f"rewrite of {arg.uri} not applied: {outcome.reason}", types.MessageType.Info)
         return {"applied": False, "changed": outcome.stopped != "unchanged", "text": outcome.text, "reason": outcome.reason}
-    return await apply_rewrite(ls, arg, target, outcome.text)
+    return await apply_rewrite(ls, arg.uri, arg.version, target, outcome.text)
 
 
 class WorkDone:
@@ -170,32 +203,10 @@ def create_server(launch: Launch, server: type[LladaServer] = LladaServer) -> Ll
     # Non-empty options: Vim's ALE reads an empty object as "no completion support".
     options = types.CompletionOptions(trigger_characters=["."], resolve_provider=False)
     ls.feature(types.TEXT_DOCUMENT_COMPLETION, options)(completion)
+    rewrites = types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.RefactorRewrite])
+    ls.feature(types.TEXT_DOCUMENT_CODE_ACTION, rewrites)(code_action)
     ls.feature(types.SHUTDOWN)(shutdown)
     ls.feature(types.EXIT)(exit_)
     ls.command(REWRITE)(rewrite_selection)
     ls.command(STATUS)(status)
     return ls
-
-
-async def apply_rewrite(ls: LladaServer, arg: RewriteArgument, target: types.Range, text: str) -> dict[str, Any]:
-    """workspace/applyEdit of the rewrite, versioned: a document that moved on is left alone."""
-    doc = ls.documents.get(arg.uri)
-    if doc is None or doc.version != arg.version:
-        return not_applied(ls, arg, text)
-    change = types.TextDocumentEdit(
-        types.OptionalVersionedTextDocumentIdentifier(arg.uri, arg.version), [types.TextEdit(target, text)]
-    )  # fmt: skip
-    edit = types.ApplyWorkspaceEditParams(types.WorkspaceEdit(document_changes=[change]), label="llada: rewrite")
-    answer = await ls.workspace_apply_edit_async(edit)
-    if answer.applied:
-        return {"applied": True, "changed": True, "text": text}
-    reason = answer.failure_reason or "the client did not apply the edit"
-    return {"applied": False, "changed": True, "text": text, "reason": reason}
-
-def not_applied(ls: LladaServer, arg: RewriteArgument, text: str = "") -> dict[str, Any]:
-    doc = ls.documents.get(arg.uri)
-    if doc is None:
-        reason = f"{arg.uri} is not open"
-    else:
-        reason = f"the document is at version {doc.version}, the rewrite was asked for version {arg.version}"
-    return {"applied": False, "text": text, "reason": reason}

@@ -41,6 +41,9 @@ from .transport import serve_stream
 logger = logging.getLogger(__name__)
 
 DRAFT = "llada/draft"
+STATUS_PUSH = "llada/status"  # the llada.status result, pushed once per change of state
+STATUS_WATCH_SECONDS = 1.0  # how often the state is looked at (a dict built: cheap)
+FAILED = ("error", "unavailable", "not responding")  # states said with window/showMessage too
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class LladaServer(LanguageServer):
         self._load_token: str | None = None
         self._load_message = "starting"
         self._tasks: set[asyncio.Task] = set()
+        self._pushed: tuple | None = None  # (engine, model, state) last sent as llada/status
 
     def start_io(self, stdin=None, stdout=None) -> None:
         """stdio, read by the event loop itself (on uvloop where installed) and framed by
@@ -177,8 +181,10 @@ class LladaServer(LanguageServer):
                 self.completer = await RemoteCompleter.connect(address, self.launch.token, self.log)
             except EngineFailure as err:
                 if choice != "auto":
-                    self._engine_error = f"cannot use the engine service at {choice}: {err.message}"
-                    self.tell(self._engine_error, types.MessageType.Error)
+                    error = f"cannot use the engine service at {choice}: {err.message}"
+                    if error != self._engine_error:  # the status watch tries again every second: said once
+                        self.tell(error, types.MessageType.Error)
+                    self._engine_error = error
                     return  # requests try again (see completer_for_request)
                 logger.info("no engine service at the default socket (%s): the model runs in this process", err.message)
             else:
@@ -205,7 +211,7 @@ class LladaServer(LanguageServer):
         if self.completer is None:
             await self.reach_engine()
         if self.completer is None:
-            raise JsonRpcException("llada: no engine: the server is not initialized or the service is unreachable",
+            raise JsonRpcException("no engine: the server is not initialized or the service is unreachable",
                                    code=REQUEST_FAILED)  # fmt: skip
         return self.completer
 
@@ -214,6 +220,7 @@ class LladaServer(LanguageServer):
         spec = ModelSpec(self.settings.model, self.launch.device, self.launch.dtype, self.launch.threads)
         self._load_ticket = ticket = self.completer.load(spec, self._on_load_report)
         ticket.when_done(lambda future: self._on_loaded(future, spec))
+        self.push_status()
         return ticket
 
     def _on_load_report(self, message: str, percent: int) -> None:
@@ -225,6 +232,7 @@ class LladaServer(LanguageServer):
     def _on_loaded(self, future, spec: ModelSpec) -> None:
         if not future.cancelled() and future.exception() is not None:
             self.show(f"cannot load the model {spec.name}: {future.exception()}")
+        self.push_status()
 
     async def show_load_progress(self) -> None:
         """$/progress while the model loads, if the client supports server-initiated progress."""
@@ -254,6 +262,39 @@ class LladaServer(LanguageServer):
         else:
             out = {"engine": self.engine_choice, "model": ModelSpec(self.settings.model).name, "state": "loading"}
         return {**out, "inlineMode": self.settings.inline_mode, "rewriteMode": self.settings.rewrite_mode}
+
+    def push_status(self) -> None:
+        """`llada/status` (what llada.status answers) when the engine, the model or the state changed
+        since the last one, and a window/showMessage when the engine service is lost or found again
+        or its model cannot load (the model in this process: shown by `_on_loaded`; what failed before
+        initialize: by `tell`).
+        Nothing before the initialize result is out: some clients fail on an early notification."""
+        if self._told is not None or self.shutdown_requested:
+            return
+        now = self.status()
+        key = (now.get("engine"), now.get("model"), now["state"])
+        if key == self._pushed:
+            return
+        before, self._pushed = self._pushed, key
+        self.protocol.notify(STATUS_PUSH, now)
+        if before is None or before[0] != key[0] or now.get("engine") == "local":
+            return  # said already: at initialize (`tell`), or by `_on_loaded` for the model in this process
+        if now["state"] in FAILED and now["state"] != before[2]:
+            why = f": {now['error']}" if now.get("error") else ""
+            what = "cannot load its model" if now["state"] == "error" else f"is {now['state']}"
+            self.show(f"the engine service at {now['engine']} {what}{why}")
+        elif before[2] in FAILED and now["state"] not in FAILED:
+            self.show(f"the engine service at {now['engine']} is back ({now['state']})", types.MessageType.Info)
+
+    async def watch_status(self) -> None:
+        """Pushes every change of state as it happens, not on the next request: a service that went
+        away or stopped answering, one that is back (tried again at most once a second), a load's end.
+        Ends with the session (a TCP session's loop goes on serving the next one)."""
+        while not self.shutdown_requested and not (self._stop_event and self._stop_event.is_set()):
+            if self.status()["state"] == "unavailable":
+                await self.reach_engine()
+            self.push_status()
+            await asyncio.sleep(STATUS_WATCH_SECONDS)
 
     # --- documents and positions ----------------------------------------------------------------
     @property
@@ -317,8 +358,11 @@ class LladaServer(LanguageServer):
         return send
 
     async def run_job(self, key: str, label: str, job: Job, on_draft: Callable | None = None) -> Outcome:
+        """The error's message has no "llada:" of its own: clients name the server ("llada: rewrite
+        failed: ..."), and it was said twice."""
         completer = await self.completer_for_request()
         try:
             return await completer.run(key, label, job, on_draft)
         except CompletionFailed as err:
-            raise JsonRpcException(f"llada: {err}", code=REQUEST_FAILED) from None
+            self.push_status()  # a service found gone: the editor hears it now, not at the next tick
+            raise JsonRpcException(str(err), code=REQUEST_FAILED) from None

@@ -25,6 +25,8 @@ class Settings:
     rewrite_mode: str = field(default="quality", metadata={"choices": MODES})
     max_completion_tokens: int = field(default=MAX_TOKENS, metadata={"range": (1, 512)})
     context_tokens: int = field(default=CONTEXT_TOKENS, metadata={"range": (64, 8192)})
+    # How long a rewrite waits for the client's answer to workspace/applyEdit (a review included).
+    apply_edit_timeout: int = field(default=120, metadata={"range": (1, 3600)})
     # Where the model runs (read at `initialize`; None: the command line's --engine).
     engine: str | None = field(default=None, metadata={"kind": "engine"})
 

@@ -18,3 +18,19 @@ if _delay > 0:
         time.sleep(_delay)
 
     worker.ModelWorker._step = _slow_step
+
+# LLADA_LSP_TEST_LOAD_DELAY_MS: a model load takes that much longer (a big model on a busy machine),
+# so requests surely arrive while it loads.
+_load_delay = float(os.environ.get("LLADA_LSP_TEST_LOAD_DELAY_MS", "0") or 0) / 1000
+if _load_delay > 0:
+    import time
+
+    from llada_lsp.backends import native
+
+    _load = native.load
+
+    def _slow_load(*args, **kwargs):
+        time.sleep(_load_delay)
+        return _load(*args, **kwargs)
+
+    native.load = _slow_load
