@@ -340,7 +340,10 @@ class LladaServer(LanguageServer):
         for the same document supersedes this one (it then answers RequestCancelled)."""
         s, request_id = self.settings, self.protocol.msg_id
         job = Infill.at(doc.text, offset, s.inline_mode, s.max_completion_tokens, s.context_tokens)
-        send = self._draft_sender(doc, request_id, at) if self.drafts else None
+        # Inside a word (`re|turn`) the answer replaces the word's rest, which a draft inserted at the
+        # cursor would show twice: such a request sends no drafts, only its answer.
+        mid_word = offset < len(doc.text) and (doc.text[offset].isalnum() or doc.text[offset] == "_")
+        send = self._draft_sender(doc, request_id, at) if self.drafts and not mid_word else None
         outcome = await self.run_job(doc.uri, f"{method} {request_id}", job, send)
         if send is not None:
             send(outcome.steps, outcome.text, final=True)

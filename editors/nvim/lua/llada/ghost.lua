@@ -134,8 +134,20 @@ local function request(bufnr, client)
       end
       -- insertText may be a StringValue (snippet); the server sends plain strings, shown verbatim.
       local text = type(item.insertText) == 'table' and item.insertText.value or item.insertText
-      -- The protocol makes `range` the empty range at the cursor, so the text goes where the cursor is.
-      M.show(bufnr, cursor[1] - 1, cursor[2], text, 'answer')
+      -- `range` starts at the cursor; inside a word it ends at the word's end and the text starts with
+      -- the word's rest (`re|turn` -> `turn x`): only what follows the rest is new, shown after it.
+      local row, col = cursor[1] - 1, cursor[2]
+      local r = item.range
+      if r and r['end'].line == r.start.line and r['end'].character > r.start.character then
+        local line = api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ''
+        local rest = line:sub(col + 1, col + (r['end'].character - r.start.character))
+        if text:sub(1, #rest) ~= rest then
+          M.clear(bufnr)
+          return
+        end
+        text, col = text:sub(#rest + 1), col + #rest
+      end
+      M.show(bufnr, row, col, text, 'answer')
     end)
   end
   local ok, request_id = client:request('textDocument/inlineCompletion', params, on_answer, bufnr)
