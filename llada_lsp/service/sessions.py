@@ -114,7 +114,7 @@ class EngineService:
         limits = {"max_frame": wire.MAX_FRAME}
         model = self.worker.model
         if model is not None:
-            limits |= {"max_positions": model.max_positions, "block_size": model.engine.block_size}
+            limits |= {"max_positions": model.max_positions, "block_size": model.block_size}
         return limits
 
     # --- connections ----------------------------------------------------------------------------
