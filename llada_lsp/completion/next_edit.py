@@ -114,7 +114,7 @@ def next_edit_prompt(history: tuple[str, ...] | list[str], before: str, window: 
 def edit_window(text: str, cursor: int, lines: int = WINDOW_LINES) -> tuple[int, int]:
     """The str span [start, end) of the window around `cursor`: `lines` whole lines centred on the
     cursor's (clipped to the document), the last one with its line end, widened by up to WIDEN_LINES
-    lines each side while it cuts a bracket in two (cheap: brackets and quotes, no parser)."""
+    lines each side while it cuts brackets in two (cheap: brackets and quotes, no parser)."""
     above = lines // 2
     start = text.rfind("\n", 0, cursor) + 1
     for _ in range(above):
@@ -128,17 +128,22 @@ def edit_window(text: str, cursor: int, lines: int = WINDOW_LINES) -> tuple[int,
             end = len(text)
             break
         end = nl + 1
-    for _ in range(WIDEN_LINES):
-        balance = Balance.of(text[start:end])
-        grew = False
-        if balance.unmatched and start > 0:
-            start, grew = text.rfind("\n", 0, start - 1) + 1, True
-        if balance.still_open and end < len(text):
-            nl = text.find("\n", end)
-            end, grew = (len(text) if nl < 0 else nl + 1), True
-        if not grew:
+    for _ in range(WIDEN_LINES):  # up, while the window starts inside brackets opened above it
+        if start == 0 or not (Balance.of(text[start:end]).unmatched or _inside_brackets(text, start)):
             break
+        start = text.rfind("\n", 0, start - 1) + 1
+    for _ in range(WIDEN_LINES):  # down, while it leaves brackets open
+        if end == len(text) or not Balance.of(text[start:end]).still_open:
+            break
+        nl = text.find("\n", end)
+        end = len(text) if nl < 0 else nl + 1
     return start, end
+
+
+def _inside_brackets(text: str, start: int, look: int = 2000) -> bool:
+    """Whether `start` is inside brackets opened in the text just above it (a bounded look back)."""
+    lo = text.find("\n", max(0, start - look)) + 1 if start > look else 0
+    return bool(Balance.of(text[lo:start]).still_open)
 
 
 # --- the suggestion: the smallest changed ranges ---------------------------------------------------
@@ -332,7 +337,3 @@ class NextEditPlan(Plan):
         if reason is not None:
             return Outcome(text, result.steps, seconds, "refused", reason, tokens)
         return Outcome(text, result.steps, seconds, "done", tokens=tokens)
-
-
-def make_next_edit_plan(model: LoadedModel, job: NextEdit, cancel: Flag) -> NextEditPlan:
-    return NextEditPlan(model, job, cancel)

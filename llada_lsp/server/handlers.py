@@ -16,6 +16,7 @@ from pygls.protocol import default_converter
 
 from ..completion.jobs import Rewrite
 from ..completion.syntax import is_python
+from . import next_edit
 from .main import Launch, LladaServer
 from .settings import settings_section
 from .protocol import why
@@ -174,6 +175,7 @@ def create_server(launch: Launch, server: type[LladaServer] = LladaServer) -> Ll
     ls.feature(types.EXIT)(exit_)
     ls.command(REWRITE)(rewrite_selection)
     ls.command(STATUS)(status)
+    next_edit.register(ls)
     return ls
 
 

@@ -25,6 +25,9 @@ class Settings:
     rewrite_mode: str = field(default="quality", metadata={"choices": MODES})
     max_completion_tokens: int = field(default=MAX_TOKENS, metadata={"range": (1, 512)})
     context_tokens: int = field(default=CONTEXT_TOKENS, metadata={"range": (64, 8192)})
+    next_edit: bool = field(default=True, metadata={"kind": "bool"})
+    next_edit_delay_ms: int = field(default=400, metadata={"range": (0, 60_000)})  # the client's idle time
+    next_edit_history: bool = field(default=True, metadata={"kind": "bool"})  # False: prompts without recent edits
     # Where the model runs (read at `initialize`; None: the command line's --engine).
     engine: str | None = field(default=None, metadata={"kind": "engine"})
 
@@ -82,6 +85,8 @@ def _check(value: Any, rule: dict) -> tuple[Any, str | None]:
         if isinstance(value, str):
             return value, None
         return None, f"expected auto, local, unix:PATH or tcp://HOST:PORT, got {value!r}"
+    if rule.get("kind") == "bool":
+        return (value, None) if isinstance(value, bool) else (None, f"expected true or false, got {value!r}")
     if "choices" in rule:
         if value in rule["choices"]:
             return value, None
