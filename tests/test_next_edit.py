@@ -272,3 +272,25 @@ def test_the_embedded_model_answer_is_well_formed(codec, one_torch_thread):
         assert python_error(apply_changes(doc.text, start, found)) is None
     elif out.stopped == "refused":
         assert out.reason
+
+
+async def test_the_sglang_backend_says_next_edits_are_not_supported(tmp_path):
+    """SGLang starts generated blocks from masks: a next edit is refused as `unsupported`, saying why,
+    and nothing is sent to the server."""
+    import tempfile
+
+    from test_sglang import RETURN, FakeSGLang, Stream, ask, service_on
+
+    from llada_lsp import wire
+    from llada_lsp.backends.sglang_config import SGLangBackend
+    from llada_lsp.service.client import EngineClient, EngineFailure
+
+    folder = Path(tempfile.mkdtemp(prefix="ll", dir="/tmp"))
+    with FakeSGLang(lambda body: Stream([[5]], {"type": "stop"})) as fake:
+        async with service_on(SGLangBackend(fake.url), folder) as (address, _):
+            async with await EngineClient.connect(address, "editor") as client:
+                request = wire.NextEdit(client.next_id(), "k", "", RETURN + " b\n", "", [], "quality", 1024, True)
+                with pytest.raises(EngineFailure) as failure:
+                    await ask(client, request)
+    assert failure.value.kind == "unsupported" and "SGLang" in failure.value.message
+    assert fake.generated == []
