@@ -294,3 +294,22 @@ async def test_the_sglang_backend_says_next_edits_are_not_supported(tmp_path):
                     await ask(client, request)
     assert failure.value.kind == "unsupported" and "SGLang" in failure.value.message
     assert fake.generated == []
+
+
+def test_a_long_window_is_cut_to_its_middle_lines_and_the_rest_kept_as_is(codec):
+    from llada_lsp.completion.next_edit import fit_window
+
+    window = "".join(f"value_{i} = compute({i}, {i + 1}, {i + 2})\n" for i in range(21))
+    head, inner, tail = fit_window(window, codec, 60)
+    assert head + inner + tail == window and len(codec.encode(inner)) <= 60 and "value_10 " in inner
+    assert abs(head.count("\n") - tail.count("\n")) <= 1
+    assert fit_window(window, codec, 10_000) == ("", window, "")
+    # The model revises only the middle; the suggestion is still against the whole window.
+    model = scripted(codec)
+    model.max_positions = 200
+    doc = Doc(window, History(Clock()))
+    at = window.index("value_10 ")
+    doc.change(at, at + 8, "v10")
+    job, start, plan, out = run(model, doc.text, at, doc.history)
+    assert len(plan.request.init_ids) <= 200 // 3 and plan.head and plan.tail
+    assert out.stopped == "unchanged"  # the scripted model saw a rename to nothing else in the middle lines

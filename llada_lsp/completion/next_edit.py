@@ -35,6 +35,7 @@ MAX_DELETE_SHARE = 0.25  # a suggestion that removes more than this share of the
 # tokens, which the engine's drafts do not carry (see NextEditPlan); every edit the quality preset
 # makes already had a probability above its editing threshold (0.5) at the step it was made.
 MAX_MEAN_REWRITES = 2.0
+WINDOW_TOKENS = 512  # a window's most tokens, and at most a third of the model's positions (the rest: context)
 MODE = "quality"  # speed's editing threshold 0 follows every argmax: it rewrites whole windows
 
 
@@ -273,6 +274,23 @@ def from_wire(request: wire.NextEdit) -> NextEdit:
                     request.context_tokens, request.python, request.mode)  # fmt: skip
 
 
+def fit_window(window: str, codec: TextCodec, max_tokens: int) -> tuple[str, str, str]:
+    """(head, inner, tail) of the window: `inner` its middle lines within `max_tokens` (lines dropped
+    from both ends in turn, the cursor being near the middle); at least one line is kept."""
+    lines = window.splitlines(keepends=True)
+    counts = [len(ids) for ids in codec.encode_batch(lines)] if lines else []
+    lo, hi, total, end_next = 0, len(lines), sum(counts), True
+    while total > max_tokens and hi - lo > 1:
+        if end_next:
+            hi -= 1
+            total -= counts[hi]
+        else:
+            total -= counts[lo]
+            lo += 1
+        end_next = not end_next
+    return "".join(lines[:lo]), "".join(lines[lo:hi]), "".join(lines[hi:])
+
+
 # --- the plan ---------------------------------------------------------------------------------------
 class NextEditPlan(Plan):
     """Revises the window in place (its ids are the generated blocks' initial draft), then gates the
@@ -289,8 +307,10 @@ class NextEditPlan(Plan):
     def __init__(self, model: LoadedModel, job: NextEdit, cancel: Flag):
         codec = model.codec
         self.codec, self.job = codec, job
-        self.prompt = next_edit_prompt(job.history, job.before, job.window, job.after, codec, model.max_positions,
-                                       job.context_tokens)  # fmt: skip
+        # Lines of long windows the model cannot take are left as they are: context around what it revises.
+        self.head, self.inner, self.tail = fit_window(job.window, codec, min(WINDOW_TOKENS, model.max_positions // 3))
+        self.prompt = next_edit_prompt(job.history, job.before + self.head, self.inner, self.tail + job.after, codec,
+                                       model.max_positions, job.context_tokens)  # fmt: skip
         self.started = time.perf_counter()
         self.request = check_request(GenerationRequest(
             self.prompt.prompt.ids, self.prompt.gen_length, job.mode, codec.special.mask, codec.special.eos,
@@ -319,7 +339,7 @@ class NextEditPlan(Plan):
         raw = strip_special(raw)
         if self.prompt.prompt.layout == "chat":
             raw, _ = unfence(raw, True)
-        return _keep_line_ends(bound_rewrite(raw, job.window, ""), job.window)
+        return self.head + _keep_line_ends(bound_rewrite(raw, self.inner, ""), self.inner) + self.tail
 
     def finish(self, result: Result) -> Outcome:
         job = self.job
