@@ -320,11 +320,16 @@ class NextEditPlan(Plan):
         self._rewrites = [0] * self.prompt.gen_length
 
     def on_draft(self, draft: Draft) -> tuple[int, str]:
+        # A draft holds the blocks up to the active one: the later ones keep their last ids (the window's).
+        mask = self.codec.special.mask
         for i, token in enumerate(draft.generated[: len(self._rewrites)]):
-            previous = self._last[i] if i < len(self._last) else self.codec.special.mask
-            if token != previous and previous != self.codec.special.mask:
+            previous = self._last[i] if i < len(self._last) else mask
+            if token != previous and previous != mask:
                 self._rewrites[i] += 1
-        self._last = list(draft.generated)
+            if i < len(self._last):
+                self._last[i] = token
+            else:
+                self._last.append(token)
         return draft.step, ""
 
     def mean_rewrites(self, final: list[int]) -> float:
