@@ -313,3 +313,18 @@ def test_a_long_window_is_cut_to_its_middle_lines_and_the_rest_kept_as_is(codec)
     job, start, plan, out = run(model, doc.text, at, doc.history)
     assert len(plan.request.init_ids) <= 200 // 3 and plan.head and plan.tail
     assert out.stopped == "unchanged"  # the scripted model saw a rename to nothing else in the middle lines
+
+
+def test_a_chat_model_reads_the_edits_and_the_window_in_words(codec):
+    """LLaDA2.1 has no FIM tokens: the edits and the window go into the chat prompt, the window stays
+    the generated blocks' draft."""
+    from llada_lsp.completion.layouts import SpecialIds
+
+    chat = TextCodec(codec.tokenizer, SpecialIds(codec.special.eos, codec.special.mask), codec.stop_ids)
+    diff = edit_diff("    count = 0", "    acc = 0", 1)
+    start, end = edit_window(SOURCE, SOURCE.index("count += v"), lines=3)
+    p = next_edit_prompt([diff], SOURCE[:start], SOURCE[start:end], SOURCE[end:], chat, 4096, 1024)
+    text = chat.decode(p.prompt.ids)
+    assert p.prompt.layout == "chat" and "```diff\n" + diff + "```" in text
+    assert "The code at <HOLE> is now:\n```\n" + SOURCE[start:end] in text and "<role>ASSISTANT</role>" in text
+    assert SOURCE[:start] + "<HOLE>" + SOURCE[end:] in text and p.init_ids == chat.encode(SOURCE[start:end])
