@@ -65,8 +65,22 @@ def as_dict(value):
     return value
 
 
+async def code_actions(client: LanguageClient, trigger: t.CodeActionTriggerKind) -> list[t.CodeAction]:
+    params = t.CodeActionParams(t.TextDocumentIdentifier(URI), t.Range(t.Position(1, 7), t.Position(1, 7)),
+                                t.CodeActionContext([], trigger_kind=trigger))  # fmt: skip
+    return await asyncio.wait_for(client.text_document_code_action_async(params), TIMEOUT)
+
+
 async def check_front(client: LanguageClient) -> None:
     version = rename(client)
+    # Any other client: a code action, a versioned edit. Asked on a cursor move (Automatic), it never
+    # runs the model; asked by the user (Invoked), it does.
+    assert not await code_actions(client, t.CodeActionTriggerKind.Automatic)
+    actions = await code_actions(client, t.CodeActionTriggerKind.Invoked)
+    assert [a.title for a in actions] == ["Apply suggested edit"]
+    change = actions[0].edit.document_changes[0]
+    assert change.text_document.version == version and [e.new_text for e in change.edits] == ["acc", "acc"]
+    assert [a.title for a in await code_actions(client, t.CodeActionTriggerKind.Automatic)] == ["Apply suggested edit"]
     got = as_dict(await ask(client, "llada/nextEdit", version))
     assert got == {"version": version, "edits": [{"range": rng(3, 8, 3, 13), "newText": "acc"},
                                                  {"range": rng(4, 11, 4, 16), "newText": "acc"}]}  # fmt: skip
@@ -76,12 +90,6 @@ async def check_front(client: LanguageClient) -> None:
     # A version the document is no longer at gets no edit, whichever method asks.
     assert as_dict(await ask(client, "llada/nextEdit", version - 1)) == {"edits": []}
     assert as_dict(await ask(client, "textDocument/copilotInlineEdit", version + 1)) == {"edits": []}
-    # Any other client: a code action on the line, a versioned edit.
-    actions = await asyncio.wait_for(client.text_document_code_action_async(t.CodeActionParams(
-        t.TextDocumentIdentifier(URI), t.Range(t.Position(1, 7), t.Position(1, 7)), t.CodeActionContext([]))), TIMEOUT)  # fmt: skip
-    assert [a.title for a in actions] == ["Apply suggested edit"]
-    change = actions[0].edit.document_changes[0]
-    assert change.text_document.version == version and [e.new_text for e in change.edits] == ["acc", "acc"]
     # The baseline without history has nothing to go on; the feature switched off answers nothing.
     client.workspace_did_change_configuration(t.DidChangeConfigurationParams({"llada": {"nextEditHistory": False}}))
     assert as_dict(await ask(client, "llada/nextEdit", version)) == {"edits": []}

@@ -48,6 +48,7 @@ class History:
         self.clock = clock
         self._edits: dict[str, deque[Edit]] = {}
         self._offered: dict[str, list[tuple[int, int, str]]] = {}  # the last suggestion shown: (start, end, text)
+        self._suggested: dict[str, tuple[int, list[tuple[int, int, str]]]] = {}  # uri -> (version, its edits)
 
     def edits(self, uri: str) -> list[Edit]:
         return list(self._edits.get(uri, ()))
@@ -59,13 +60,22 @@ class History:
     def diffs(self, uri: str) -> tuple[str, ...]:
         return tuple(edit.diff() for edit in self._edits.get(uri, ()))
 
-    def offer(self, uri: str, changes: list[tuple[int, int, str]]) -> None:
-        """A suggestion sent to the client (document offsets, in order): applied, its edits are marked."""
+    def offer(self, uri: str, changes: list[tuple[int, int, str]], version: int | None = None) -> None:
+        """A suggestion sent to the client (document offsets, in order): applied, its edits are marked.
+        With its document `version`, it is also kept for `suggested` (the code action reuses it)."""
         self._offered[uri] = list(changes)
+        if version is not None:
+            self._suggested[uri] = (version, list(changes))
+
+    def suggested(self, uri: str, version: int) -> list[tuple[int, int, str]] | None:
+        """The edits of the last suggestion made for `uri` at `version`, if it is still at that version."""
+        found = self._suggested.get(uri)
+        return found[1] if found is not None and found[0] == version else None
 
     def close(self, uri: str) -> None:
         self._edits.pop(uri, None)
         self._offered.pop(uri, None)
+        self._suggested.pop(uri, None)
 
     def reset(self, uri: str) -> None:
         """The whole text was replaced: the offsets of the old edits mean nothing any more."""

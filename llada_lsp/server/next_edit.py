@@ -102,7 +102,7 @@ async def next_edit(ls: LladaServer, params: Any) -> dict[str, Any]:
     s = await suggest(ls, uri, version, position)
     if s is None:
         return {"edits": []}
-    ls.history.offer(uri, s.edits)
+    ls.history.offer(uri, s.edits, version)
     edits = [{"range": _wire_range(ls, uri, a, b), "newText": t} for a, b, t in s.edits]
     return {"edits": edits, "version": version}
 
@@ -113,21 +113,29 @@ async def copilot_inline_edit(ls: LladaServer, params: Any) -> dict[str, Any]:
     if s is None:
         return {"edits": []}
     a, b, text = _merged(ls, s)
-    ls.history.offer(uri, [(a, b, text)])
+    ls.history.offer(uri, [(a, b, text)], version)
     edit = {"text": text, "range": _wire_range(ls, uri, a, b), "textDocument": {"uri": uri, "version": version}}
     return {"edits": [edit]}
 
 
 async def code_actions(ls: LladaServer, params: types.CodeActionParams) -> list[types.CodeAction]:
     """"Apply suggested edit" when a suggestion exists at the start of the range (the cursor), as a
-    versioned edit: a client that applies it after typing on has it refused."""
+    versioned edit: a client that applies it after typing on has it refused. Clients ask for code
+    actions on every cursor move (trigger kind Automatic): those get the suggestion already made for
+    this version, if any; only an explicit request (Invoked, or a client that does not say) runs the model."""
     doc = ls.documents.get(params.text_document.uri)
     if doc is None or not ls.settings.next_edit:
         return []
-    s = await suggest(ls, doc.uri, doc.version, params.range.start)
+    known = ls.history.suggested(doc.uri, doc.version)
+    if known is not None:
+        s: Suggestion | None = Suggestion(doc.uri, doc.version, known)
+    elif params.context.trigger_kind == types.CodeActionTriggerKind.Automatic:
+        return []
+    else:
+        s = await suggest(ls, doc.uri, doc.version, params.range.start)
     if s is None:
         return []
-    ls.history.offer(doc.uri, s.edits)
+    ls.history.offer(doc.uri, s.edits, s.version)
     edits = [types.TextEdit(_range(ls, doc.uri, a, b), t) for a, b, t in s.edits]
     change = types.TextDocumentEdit(types.OptionalVersionedTextDocumentIdentifier(doc.uri, s.version), edits)
     return [types.CodeAction(APPLY_TITLE, kind=types.CodeActionKind.QuickFix,
