@@ -328,3 +328,12 @@ def test_a_chat_model_reads_the_edits_and_the_window_in_words(codec):
     assert p.prompt.layout == "chat" and "```diff\n" + diff + "```" in text
     assert "The code at <HOLE> is now:\n```\n" + SOURCE[start:end] in text and "<role>ASSISTANT</role>" in text
     assert SOURCE[:start] + "<HOLE>" + SOURCE[end:] in text and p.init_ids == chat.encode(SOURCE[start:end])
+
+
+def test_the_next_edit_settings_parse_with_their_defaults():
+    from llada_lsp.server.settings import Settings, parse_settings
+
+    s, errors = parse_settings({"nextEdit": False, "nextEditDelayMs": 250, "nextEditHistory": False}, Settings(), Settings())
+    assert (s.next_edit, s.next_edit_delay_ms, s.next_edit_history, errors) == (False, 250, False, [])
+    s, errors = parse_settings({"nextEdit": "yes", "nextEditDelayMs": -1}, Settings(), Settings())
+    assert (s.next_edit, s.next_edit_delay_ms) == (True, 400) and len(errors) == 2 and "true or false" in errors[0]
