@@ -213,7 +213,8 @@ def reverts(text: str, offset: int, edits: list[Change], last: LastEdit | None) 
     return after_ratio > before_ratio and after_ratio > 0.8
 
 
-def gate(text: str, offset: int, window: str, revised: str, last: LastEdit | None, python: bool) -> tuple[list[Change], str | None]:
+def gate(text: str, offset: int, window: str, revised: str, last: LastEdit | None,
+         python: bool) -> tuple[list[Change], str | None]:  # fmt: skip
     """The suggestion's changes and why it must not be shown (None: show it). `text`: the job's text,
     the window at `offset` of it."""
     edits = changes(window, revised)
@@ -339,7 +340,7 @@ class NextEditPlan(Plan):
         return sum(self._rewrites[i] for i in changed) / len(changed) if changed else 0.0
 
     def revised(self, tokens: list[int]) -> str:
-        codec, job = self.codec, self.job
+        codec = self.codec
         raw, _ = codec.text_of([t for t in tokens if t != codec.special.mask])
         raw = strip_special(raw)
         if self.prompt.prompt.layout == "chat":

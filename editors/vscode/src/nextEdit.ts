@@ -71,6 +71,8 @@ export class NextEdits {
     private timer: unknown;
     private inFlight: vscode.CancellationTokenSource | undefined;
     private asked: { uri: string; version: number } | undefined;
+    /** The server said it cannot suggest (the SGLang backend): asking on every pause would only fail. */
+    private off = false;
 
     constructor(
         private readonly request: NextEditRequest,
@@ -115,7 +117,7 @@ export class NextEdits {
     private schedule(uri: string, version: number, cursor: LspPosition): void {
         this.timers.clear(this.timer);
         const { enabled, delayMs } = this.settings();
-        if (!enabled) {
+        if (!enabled || this.off) {
             this.timer = undefined;
             return;
         }
@@ -136,7 +138,8 @@ export class NextEdits {
         let answer: NextEditAnswer | null | undefined;
         try {
             answer = await this.request(uri, version, cursor, source.token);
-        } catch {
+        } catch (error) {
+            this.off = /not supported/.test((error as Error)?.message ?? '');
             return; // cancelled, or the server could not: nothing to show
         } finally {
             if (this.inFlight === source) {

@@ -95,6 +95,21 @@ test('no edits, or the same version asked twice, shows nothing and asks once', a
     assert.deepEqual(r.calls, []);
 });
 
+test('a server that cannot suggest is not asked again', async () => {
+    let asked = 0;
+    let fire: (() => void) | undefined;
+    const ui = { show() {}, clear() {}, triggerInline() {}, jump() {}, apply: () => Promise.resolve(true), fallback: () => Promise.resolve() };
+    const nextEdits = new NextEdits(() => { asked++; return Promise.reject(new Error('llada: next-edit suggestions are not supported on the SGLang backend')); },
+        ui, () => ({ enabled: true, delayMs: 1 }), () => 5, { set: (callback) => { fire = callback; return 1; }, clear: () => { fire = undefined; } });
+    nextEdits.changed(URI, 5, { line: 0, character: 0 });
+    fire?.();
+    await settle();
+    fire = undefined;
+    nextEdits.changed(URI, 6, { line: 0, character: 1 });
+    assert.equal(fire, undefined, 'no request is scheduled any more');
+    assert.equal(asked, 1);
+});
+
 test('the helpers: edits on one line merge into one replacement', () => {
     assert.ok(onLine([edit(2, 0, 1, 'x')], 2) && !onLine(RENAME, 3));
     assert.deepEqual(mergeOnLine('a = b + b', [edit(0, 4, 5, 'c'), edit(0, 8, 9, 'c')]), { start: 4, end: 9, text: 'c + c' });
