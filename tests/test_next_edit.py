@@ -337,3 +337,15 @@ def test_the_next_edit_settings_parse_with_their_defaults():
     assert (s.next_edit, s.next_edit_delay_ms, s.next_edit_history, errors) == (False, 250, False, [])
     s, errors = parse_settings({"nextEdit": "yes", "nextEditDelayMs": -1}, Settings(), Settings())
     assert (s.next_edit, s.next_edit_delay_ms) == (True, 400) and len(errors) == 2 and "true or false" in errors[0]
+
+
+def test_changes_of_blanks_alone_are_never_suggested(codec):
+    doc, cursor = renamed_source(codec)
+    s, e = edit_window(doc.text, cursor)
+    window = doc.text[s:e]
+    squeezed = window.replace("for v in values:", "for v in  values:").replace("(values)", "( values)")
+    assert run(scripted(codec, squeezed), doc.text, cursor, doc.history)[3].stopped == "unchanged"
+    both = squeezed.replace("count", "acc")
+    job, start, _, out = run(scripted(codec, both), doc.text, cursor, doc.history)
+    assert out.stopped == "done" and out.text == window.replace("count", "acc")
+    assert [c.text for c in changes(job.window, out.text)] == ["acc", "acc"]
