@@ -64,6 +64,8 @@ async def suggest(ls: LladaServer, uri: str, version: int, position: types.Posit
     job, start = NextEdit.at(doc.text, offset, history.diffs(uri) if ls.settings.next_edit_history else (),
                              (last.start, last.old, last.new) if last else None, ls.settings.context_tokens,
                              is_python(doc.language, uri))  # fmt: skip
+    if not job.window.strip():  # nothing to revise: a model would only write new code there
+        return None
     outcome = await ls.run_job(f"next-edit:{uri}", f"next-edit {ls.protocol.msg_id}", job)
     now = ls.documents.get(uri)
     if now is None or now.version != version:  # typed on meanwhile: never an edit against changed text
