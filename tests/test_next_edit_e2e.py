@@ -116,13 +116,19 @@ async def test_next_edit_through_the_engine_service():
     socket, log = os.path.join(folder, "engine.sock"), os.path.join(folder, "engine.log")
     service: subprocess.Popen = start_service(socket, log, env=SCRIPTED)
     try:
-        client = await start_front(f"unix:{socket}")
+        client, other = await start_front(f"unix:{socket}"), await start_front(f"unix:{socket}")
         try:
             await check_front(client)
             maps = open(f"/proc/{client._server.pid}/maps").read()
             assert "libtorch" not in maps, "the front never ran the model: the service did"
+            # Another editor on the same service, the same file as the first left it: its history is
+            # its own (empty), so the first one's rename suggests nothing to it.
+            renamed = SOURCE.replace("count", "acc", 1)
+            other.text_document_did_open(t.DidOpenTextDocumentParams(t.TextDocumentItem(URI, "python", 1, renamed)))
+            assert as_dict(await ask(other, "llada/nextEdit", 1)) == {"edits": []}
         finally:
             await stop_front(client)
+            await stop_front(other)
     finally:
         service.terminate()
         assert service.wait(timeout=30) == 0
