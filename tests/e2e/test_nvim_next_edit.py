@@ -75,6 +75,11 @@ def test_a_rename_suggests_the_other_uses_tab_jumps_and_accepts(editor):
 def test_esc_dismisses_and_the_buffer_is_left_as_typed(editor):
     editor.nvim.input("2G^cwn<Esc>")
     wait_for(lambda: shown(editor), "a next edit to be shown", detail=lambda: f"lines {editor.lines()!r}")
+    # In the line's leading whitespace Tab is left alone: no jump, the suggestion stays.
+    editor.lua("vim.api.nvim_win_set_cursor(0, { 2, 1 })")
+    editor.lua("vim.api.nvim_feedkeys(vim.keycode('<Tab>'), 'mx', false)")
+    editor.lua("vim.cmd('redraw')")  # after the scheduled work a jump would have queued
+    assert editor.cursor() == (2, 1) and shown(editor)
     editor.nvim.input("<Esc>")
     wait_for(lambda: not shown(editor), "the suggestion to be dismissed")
     assert editor.lua(MARKS) == []
