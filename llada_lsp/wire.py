@@ -9,7 +9,7 @@ service answers `welcome`, or `failed` and closes. Versioned by `VERSION`: a ser
 of another version; `hello` alone tolerates unknown fields, so that a newer client is told its
 version is wrong instead of its frame.
 
-Client to service: hello, infill, rewrite, cancel, status. Service to client: welcome, draft, done,
+Client to service: hello, infill, rewrite, next_edit, cancel, status. Service to client: welcome, draft, done,
 failed, status. Fields are documented with each message class below.
 """
 
@@ -95,6 +95,29 @@ class Rewrite(Message):
 
 
 @dataclass(frozen=True)
+class NextEdit(Message):
+    """A next-edit suggestion: revise `window` (between `before` and `after`) given the recent edits
+    (`history`: diff texts, oldest first); `last_*`: the user's last edit in before + window + after
+    (`last_new` at `last_start`, where `last_old` was), never to be undone. `done.text` is the revised
+    window (stopped `done`), or the window itself (`unchanged`) or the dropped proposal (`refused`)."""
+
+    type: ClassVar[str] = "next_edit"
+    id: int
+    key: str
+    before: str
+    window: str
+    after: str
+    history: list[str]
+    mode: str
+    context_tokens: int
+    python: bool = False
+    last_start: int | None = None
+    last_old: str | None = None
+    last_new: str | None = None
+    drafts: bool = False  # send a `draft` frame per denoising step, with empty text (progress only)
+
+
+@dataclass(frozen=True)
 class Cancel(Message):
     """Cancels a request of this connection; the engine stops it within one denoising step. An id
     that is not in flight (already answered, unknown) is ignored."""
@@ -159,7 +182,8 @@ class Status(Message):
     cache_hit_rate: float | None = None  # whole prompt blocks found in the prefix cache / looked up
 
 
-MESSAGES: dict[str, type[Message]] = {m.type: m for m in (Hello, Welcome, Infill, Rewrite, Cancel, Draft, Done, Failed, Status)}
+MESSAGES: dict[str, type[Message]] = {m.type: m for m in (Hello, Welcome, Infill, Rewrite, NextEdit, Cancel, Draft, Done,
+                                                          Failed, Status)}  # fmt: skip
 _HINTS = {cls: {f.name: get_type_hints(cls)[f.name] for f in fields(cls)} for cls in MESSAGES.values()}
 
 

@@ -45,6 +45,8 @@ SAMPLES = [
     wire.Welcome(wire.VERSION, "embedded", "ready", ["speed", "quality"], {"max_frame": wire.MAX_FRAME}),
     wire.Infill(1, "file:///a.py", "def f():\n    return ", "\n", "speed", 64, 1024, drafts=True),
     wire.Rewrite(2, "rewrite:file:///a.py", "x = ", "1 + 1", "\n", "quality", 512, "simplify", True, True),
+    wire.NextEdit(3, "next-edit:file:///a.py", "", "x = 1\n", "", ["@@ line 1 @@\n-y = 1\n+x = 1\n"], "quality", 512,
+                  True, 0, "y", "x"),
     wire.Cancel(1),
     wire.Draft(1, 3, "x + 1"),
     wire.Done(1, "x + 1", 7, 0.25, "unit", tokens=3),

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import httpx
 
 from ..completion.generation import Draft, LoadedModel, ModelSpec, Result
+from ..completion.next_edit import NextEditPlan, NotSupported
 from ..completion.pipeline import Plan
 from ..errors import Busy, CheckpointError, Refused
 from ..runtime.worker import LOAD_KEY, KeyedJobs, ModelUnavailable, Ticket
@@ -234,6 +235,9 @@ class SGLangWorker(KeyedJobs):
         if self.model is None:
             raise ModelUnavailable(self.error or "no tokenizer is loaded")
         plan: Plan = await asyncio.to_thread(ticket.job, self.model, ticket)
+        if isinstance(plan, NextEditPlan):  # its window is the draft to revise, and SGLang starts from masks
+            raise NotSupported("next-edit suggestions are not supported on the SGLang backend: they start the "
+                               "generated blocks from the window's text, and SGLang starts them from masks")  # fmt: skip
         server = self.servers[self.backend.url(plan.request.mode)]
         if server.health.state != "ready":  # known to be down: asked again rather than failed on old news
             await server.probe()

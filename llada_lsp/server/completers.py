@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from .. import wire
 from ..address import parse_address
+from ..completion import next_edit
 from ..completion.generation import ModelSpec
 from ..completion.jobs import Job, Outcome, outcome_of, to_wire
 from ..completion.pipeline import make_plan
@@ -40,7 +41,8 @@ class LocalCompleter:
         return self.worker.load(spec, report)
 
     async def run(self, key: str, label: str, job: Job, on_draft: DraftCallback | None) -> Outcome:
-        ticket = self.worker.submit(key, label, lambda model, t: make_plan(model, job, t), on_draft)
+        plan = next_edit.NextEditPlan if isinstance(job, next_edit.NextEdit) else make_plan
+        ticket = self.worker.submit(key, label, lambda model, t: plan(model, job, t), on_draft)
         try:
             return await asyncio.wrap_future(ticket.future)
         except asyncio.CancelledError:  # $/cancelRequest, a newer request, or shutdown
@@ -114,7 +116,8 @@ class RemoteCompleter:
         client = await self._connected()
         self._keys[key] = asyncio.current_task()  # the service supersedes the older request of the key
         try:
-            done = await client.request(to_wire(job, client.next_id(), key, on_draft is not None), on_draft)
+            frame = next_edit.to_wire if isinstance(job, next_edit.NextEdit) else to_wire
+            done = await client.request(frame(job, client.next_id(), key, on_draft is not None), on_draft)
         except EngineFailure as err:
             if err.kind == "cancelled":  # superseded by a newer request with the same key
                 raise asyncio.CancelledError() from None

@@ -18,6 +18,7 @@ from ..completion.jobs import Rewrite
 from ..completion.syntax import is_python
 from .actions import REWRITE, apply_rewrite, code_action, not_applied
 from .completers import LocalCompleter
+from . import next_edit
 from .main import Launch, LladaServer
 from .settings import settings_section
 from .protocol import REQUEST_FAILED, why
@@ -194,6 +195,12 @@ def exit_(ls: LladaServer, params: None) -> None:
         ls.completer.stop()
 
 
+async def code_actions(ls: LladaServer, params: types.CodeActionParams) -> list[types.CodeAction]:
+    """"Rewrite selection (LLaDA)" for a non-empty range, and "Apply suggested edit" where a next edit
+    is suggested at the cursor: one handler, as the LSP has one method for both."""
+    return code_action(ls, params) + await next_edit.code_actions(ls, params)
+
+
 def create_server(launch: Launch, server: type[LladaServer] = LladaServer) -> LladaServer:
     ls = server(launch)
     ls.feature(types.INITIALIZE)(initialize)
@@ -203,10 +210,11 @@ def create_server(launch: Launch, server: type[LladaServer] = LladaServer) -> Ll
     # Non-empty options: Vim's ALE reads an empty object as "no completion support".
     options = types.CompletionOptions(trigger_characters=["."], resolve_provider=False)
     ls.feature(types.TEXT_DOCUMENT_COMPLETION, options)(completion)
-    rewrites = types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.RefactorRewrite])
-    ls.feature(types.TEXT_DOCUMENT_CODE_ACTION, rewrites)(code_action)
+    kinds = [types.CodeActionKind.RefactorRewrite, types.CodeActionKind.QuickFix]
+    ls.feature(types.TEXT_DOCUMENT_CODE_ACTION, types.CodeActionOptions(code_action_kinds=kinds))(code_actions)
     ls.feature(types.SHUTDOWN)(shutdown)
     ls.feature(types.EXIT)(exit_)
     ls.command(REWRITE)(rewrite_selection)
     ls.command(STATUS)(status)
+    next_edit.register(ls)
     return ls

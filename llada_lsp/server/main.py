@@ -33,6 +33,7 @@ from ..runtime.worker import Ticket
 from ..service.client import EngineFailure
 from .completers import CompletionFailed, LocalCompleter, RemoteCompleter
 from .documents import Document, Documents
+from .history import History
 from .positions import UTF16
 from .protocol import REQUEST_FAILED, LladaProtocol
 from .settings import Settings, parse_settings
@@ -74,6 +75,7 @@ class LladaServer(LanguageServer):
                          text_document_sync_kind=types.TextDocumentSyncKind.Incremental)  # fmt: skip
         self.launch, self.settings = launch, launch.defaults
         self.documents = Documents()
+        self.history = History()  # the recent edits, for next-edit suggestions (server/next_edit.py)
         self.completer: LocalCompleter | RemoteCompleter | None = None
         self._reconnect: asyncio.Task | None = None
         self._engine_error: str | None = None  # the named service did not answer
@@ -310,11 +312,20 @@ class LladaServer(LanguageServer):
         for change in params.content_changes:
             if isinstance(change, types.TextDocumentContentChangePartial):
                 a, b = change.range.start, change.range.end
+                self.record_edit(doc, a, b, change.text)
                 if not doc.edit((a.line, a.character), (b.line, b.character), change.text, self.encoding):
                     self.log(f"{doc.uri}: an edit past the end was clamped to its end", types.MessageType.Warning)
             else:
                 doc.replace(change.text)
+                self.history.reset(doc.uri)
         doc.version = params.text_document.version
+
+    def record_edit(self, doc: Document, a: types.Position, b: types.Position, text: str) -> None:
+        """Into the history, before the edit is applied (it reads the text replaced)."""
+        start, end = doc.offset(a.line, a.character, self.encoding), doc.offset(b.line, b.character, self.encoding)
+        start = len(doc.text) if start is None else start
+        end = len(doc.text) if end is None else max(start, end)
+        self.history.record(doc.uri, doc.text, start, end, text, min(a.line, len(doc.line_starts) - 1))
 
     def locate(self, uri: str, position: types.Position) -> tuple[Document, int, types.Position] | None:
         """(document, str offset, the position normalized) or None for an unknown document or a line

@@ -153,8 +153,10 @@ class LladaProtocol(LanguageServerProtocol):
     @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
     def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams):
         self._server.documents.close(params.text_document.uri)
+        self._server.history.close(params.text_document.uri)
         if self._server.completer is not None:
             self._server.completer.cancel_key(params.text_document.uri)
+            self._server.completer.cancel_key(f"next-edit:{params.text_document.uri}")
 
     @lsp_method(types.WORKSPACE_EXECUTE_COMMAND)
     def lsp_workspace__execute_command(self, params: types.ExecuteCommandParams):

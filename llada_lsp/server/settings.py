@@ -27,6 +27,9 @@ class Settings:
     context_tokens: int = field(default=CONTEXT_TOKENS, metadata={"range": (64, 8192)})
     # How long a rewrite waits for the client's answer to workspace/applyEdit (a review included).
     apply_edit_timeout: int = field(default=120, metadata={"range": (1, 3600)})
+    next_edit: bool = field(default=True, metadata={"kind": "bool"})
+    next_edit_delay_ms: int = field(default=400, metadata={"range": (0, 60_000)})  # the client's idle time
+    next_edit_history: bool = field(default=True, metadata={"kind": "bool"})  # False: prompts without recent edits
     # Where the model runs (read at `initialize`; None: the command line's --engine).
     engine: str | None = field(default=None, metadata={"kind": "engine"})
 
@@ -84,6 +87,8 @@ def _check(value: Any, rule: dict) -> tuple[Any, str | None]:
         if isinstance(value, str):
             return value, None
         return None, f"expected auto, local, unix:PATH or tcp://HOST:PORT, got {value!r}"
+    if rule.get("kind") == "bool":
+        return (value, None) if isinstance(value, bool) else (None, f"expected true or false, got {value!r}")
     if "choices" in rule:
         if value in rule["choices"]:
             return value, None

@@ -23,6 +23,7 @@ from typing import Sequence
 from .. import wire
 from ..backends.base import Backend
 from ..backends.sglang_config import BackendFailure
+from ..completion import next_edit
 from ..completion.generation import ModelSpec
 from ..completion.jobs import done_of, from_wire
 from ..completion.pipeline import InstructionUnsupported, make_plan
@@ -34,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 HELLO_TIMEOUT = 10.0  # seconds a new connection has to say hello before it is closed
 DRAFT_BACKLOG = 2**20  # unsent bytes past which a connection's drafts are dropped (a front that is not reading)
-FAILURES = ((ModelUnavailable, "no_model"), (SelectionTooLong, "too_long"), (InstructionUnsupported, "unsupported"),
+FAILURES = ((ModelUnavailable, "no_model"), (SelectionTooLong, "too_long"), (InstructionUnsupported, "unsupported"), (next_edit.NotSupported, "unsupported"),
             (TooLong, "too_long"), (Busy, "busy"))  # fmt: skip
 
 
@@ -165,7 +166,7 @@ class EngineService:
         return session
 
     def _dispatch(self, session: Session, message: wire.Message) -> None:
-        if isinstance(message, (wire.Infill, wire.Rewrite)):
+        if isinstance(message, (wire.Infill, wire.Rewrite, wire.NextEdit)):
             self._submit(session, message)
         elif isinstance(message, wire.Cancel):
             ticket = session.pending.get(message.id)
@@ -193,7 +194,7 @@ class EngineService:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # --- requests -------------------------------------------------------------------------------
-    def _submit(self, session: Session, request: wire.Infill | wire.Rewrite) -> None:
+    def _submit(self, session: Session, request: wire.Infill | wire.Rewrite | wire.NextEdit) -> None:
         problem = self._problem(session, request)
         if problem is not None:
             session.send(wire.Failed(request.id, "bad_request", problem))
@@ -202,14 +203,16 @@ class EngineService:
             if not session.backlogged():  # a later draft or the done says it all anyway
                 session.send(wire.Draft(request.id, step, text))
 
-        job, on_draft = from_wire(request), send_draft if request.drafts else None
+        ours = isinstance(request, wire.NextEdit)
+        job, on_draft = (next_edit.from_wire if ours else from_wire)(request), send_draft if request.drafts else None
         label = f"{request.type} {session.name}:{request.id}"
-        plan = lambda model, ticket: make_plan(model, job, ticket)  # noqa: E731 - run on the backend
+        planner = next_edit.NextEditPlan if ours else make_plan
+        plan = lambda model, ticket: planner(model, job, ticket)  # noqa: E731 - run on the backend
         ticket = self.worker.submit(f"{session.id}:{request.key}", label, plan, on_draft)
         session.pending[request.id] = ticket
         ticket.when_done(lambda _: self._answer(session, request.id, ticket))  # after its drafts
 
-    def _problem(self, session: Session, request: wire.Infill | wire.Rewrite) -> str | None:
+    def _problem(self, session: Session, request: wire.Infill | wire.Rewrite | wire.NextEdit) -> str | None:
         if request.id in session.pending:
             return f"request {request.id} is already in flight"
         if request.mode not in self.modes:

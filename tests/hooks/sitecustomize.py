@@ -1,7 +1,10 @@
 """A test hook, on PYTHONPATH only in the test suite's processes (tests/conftest.py puts this folder
 there): with LLADA_LSP_TEST_STEP_DELAY_MS set, the model thread sleeps that long after every batched
 denoising step, so the tiny model is as slow as a big one and a cancel or a keystroke lands while a
-request runs. Nothing of it is in the package."""
+request runs. Nothing of it is in the package.
+
+With LLADA_LSP_TEST_SCRIPTED_NEXT_EDIT=1, next-edit requests are answered by scripted_next_edit.py
+(beside this file) instead of the model, so editor tests see a deterministic suggestion."""
 
 import os
 
@@ -34,3 +37,8 @@ if _load_delay > 0:
         return _load(*args, **kwargs)
 
     native.load = _slow_load
+
+if os.environ.get("LLADA_LSP_TEST_SCRIPTED_NEXT_EDIT") == "1":
+    import scripted_next_edit
+
+    scripted_next_edit.install()

@@ -10,6 +10,7 @@ import {
 } from 'vscode-languageclient/node';
 import { Draft, DRAFT_METHOD } from './drafts';
 import { ACCEPTED_COMMAND, InlineCompletions } from './inline';
+import { ACCEPT_NEXT_EDIT, DISMISS_NEXT_EDIT, NEXT_EDIT_METHOD, NextEditAnswer, NextEdits, vscodeUi } from './nextEdit';
 import { EditReview } from './review';
 import { errorNotice, resultNotice, RewriteResult, showNotice } from './rewrite';
 import {
@@ -160,6 +161,7 @@ class LladaExtension implements vscode.Disposable {
 class Session {
     readonly client: LanguageClient;
     private readonly inline: InlineCompletions;
+    private settings: LladaSettings;
     private readonly disposables: vscode.Disposable[] = [];
     private started: Promise<void> = Promise.resolve();
     private pollTimer: NodeJS.Timeout | undefined;
@@ -199,6 +201,8 @@ class Session {
         this.client = new LanguageClient('llada', 'LLaDA', serverOptions(settings.server), clientOptions);
         this.client.registerFeature(new LladaFeature(this));
         this.keepOwnCommands();
+        this.settings = settings;
+        this.startNextEdits();
         this.disposables.push(
             this.client.onDidChangeState((event) => {
                 if (event.newState === State.Running) {
@@ -249,11 +253,51 @@ class Session {
     }
 
     sendSettings(settings: LladaSettings): void {
+        this.settings = settings;
         if (this.client.isRunning()) {
             void this.client.sendNotification(DidChangeConfigurationNotification.type, {
                 settings: { [SECTION]: toInitializationOptions(settings) },
             });
         }
+    }
+
+    /** Next-edit suggestions (nextEdit.ts): asked on edits, drawn, accepted and dismissed. */
+    private startNextEdits(): void {
+        const c2p = this.client.code2ProtocolConverter;
+        const ui = vscodeUi((uri) => this.client.protocol2CodeConverter.asUri(uri));
+        const versionOf = (uri: string) => vscode.workspace.textDocuments.find((d) => c2p.asUri(d.uri) === uri)?.version;
+        const nextEdits = new NextEdits(
+            (uri, version, position, token) => this.client.sendRequest<NextEditAnswer>(NEXT_EDIT_METHOD,
+                { textDocument: { uri, version }, position }, token),
+            ui, () => ({ enabled: this.settings.nextEdit, delayMs: this.settings.nextEditDelayMs }), versionOf);
+        const at = (editor: vscode.TextEditor) => ({ line: editor.selection.active.line, character: editor.selection.active.character });
+        this.disposables.push(
+            ui, { dispose: () => nextEdits.dispose() },
+            vscode.workspace.onDidChangeTextDocument((event) => {
+                const editor = vscode.window.activeTextEditor;
+                if (event.contentChanges.length > 0 && editor?.document === event.document) {
+                    nextEdits.changed(c2p.asUri(event.document.uri), event.document.version, at(editor));
+                }
+            }),
+            vscode.window.onDidChangeTextEditorSelection((event) =>
+                nextEdits.moved(c2p.asUri(event.textEditor.document.uri), event.textEditor.document.version, at(event.textEditor))),
+            vscode.languages.registerInlineCompletionItemProvider([{ scheme: 'file' }, { scheme: 'untitled' }], {
+                provideInlineCompletionItems: (document, position) => {
+                    const item = nextEdits.inlineItem(c2p.asUri(document.uri), document.version,
+                        { line: position.line, character: position.character }, document.lineAt(position.line).text);
+                    return item === undefined ? [] : [new vscode.InlineCompletionItem(item.insertText,
+                        new vscode.Range(item.range.start.line, item.range.start.character, item.range.end.line, item.range.end.character))];
+                },
+            }),
+            vscode.commands.registerCommand(ACCEPT_NEXT_EDIT, async () => {
+                const editor = vscode.window.activeTextEditor;
+                if (editor !== undefined) {
+                    await nextEdits.accept(c2p.asUri(editor.document.uri), editor.document.version, at(editor),
+                        editor.document.lineAt(editor.selection.active.line).text);
+                }
+            }),
+            vscode.commands.registerCommand(DISMISS_NEXT_EDIT, () => nextEdits.dismiss()),
+        );
     }
 
     /** `cancel` is cancelled if the user cancels the progress notification. */

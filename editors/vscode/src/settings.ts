@@ -24,6 +24,8 @@ export interface LladaSettings {
     rewriteMode: Mode;
     maxCompletionTokens: number;
     contextTokens: number;
+    nextEdit: boolean;
+    nextEditDelayMs: number;
     server: ServerSettings;
 }
 
@@ -34,6 +36,8 @@ export interface InitializationOptions {
     rewriteMode: Mode;
     maxCompletionTokens: number;
     contextTokens: number;
+    nextEdit: boolean;
+    nextEditDelayMs: number;
 }
 
 export interface TcpAddress {
@@ -58,6 +62,8 @@ export function readSettings(config: SettingsSource): LladaSettings {
         rewriteMode: config.get<Mode>('rewriteMode', 'quality'),
         maxCompletionTokens: config.get<number>('maxCompletionTokens', 64),
         contextTokens: config.get<number>('contextTokens', 1024),
+        nextEdit: config.get<boolean>('nextEdit', true),
+        nextEditDelayMs: config.get<number>('nextEditDelayMs', 400),
         server: {
             path: config.get<string>('server.path', 'llada-lsp').trim() || 'llada-lsp',
             args: config.get<string[]>('server.args', []),
@@ -76,6 +82,8 @@ export function toInitializationOptions(settings: LladaSettings): Initialization
         rewriteMode: settings.rewriteMode,
         maxCompletionTokens: settings.maxCompletionTokens,
         contextTokens: settings.contextTokens,
+        nextEdit: settings.nextEdit,
+        nextEditDelayMs: settings.nextEditDelayMs,
     };
     // An empty model means "the embedded model", which the server picks when the key is absent.
     if (settings.model !== '') {

@@ -13,7 +13,8 @@ beforeEach(() => mock.reset());
 
 test('defaults map to the protocol defaults and leave the model to the server', () => {
     const options = toInitializationOptions(readSettings(mock.configuration({})));
-    assert.deepEqual(options, { inlineMode: 'speed', rewriteMode: 'quality', maxCompletionTokens: 64, contextTokens: 1024 });
+    assert.deepEqual(options, { inlineMode: 'speed', rewriteMode: 'quality', maxCompletionTokens: 64, contextTokens: 1024,
+                                nextEdit: true, nextEditDelayMs: 400 });
     assert.equal('model' in options, false);
 });
 
@@ -30,9 +31,12 @@ test('settings map to camelCase initializationOptions without the client-side ke
         'engine': 'local',
         'engineTokenFile': '/run/token',
         'trace.server': 'verbose',
+        'nextEdit': false,
+        'nextEditDelayMs': 250,
     }));
     assert.deepEqual(toInitializationOptions(settings), {
         model: 'GSAI-ML/LLaDA-8B-Instruct', inlineMode: 'quality', rewriteMode: 'speed', maxCompletionTokens: 128, contextTokens: 2048,
+        nextEdit: false, nextEditDelayMs: 250,
     });
     assert.deepEqual(settings.server, {
         path: '/opt/llada/bin/llada-lsp', args: ['--device', 'cuda'], tcp: '127.0.0.1:2087', engine: 'local', tokenFile: '/run/token',

@@ -20,6 +20,8 @@ local M = {}
 ---@field debounce_ms integer Delay before the fallback ghost text asks the server.
 ---@field force_fallback boolean Use the plugin's own ghost text even where Neovim has one.
 ---@field review boolean Show a rewrite as a diff and ask before applying it.
+---@field next_edit boolean Ask for next-edit suggestions after an edit and a pause.
+---@field next_edit_delay_ms integer The pause (no typing, no cursor move) before asking.
 M.defaults = {
   cmd = { 'llada-lsp' },
   model = nil,
@@ -34,6 +36,8 @@ M.defaults = {
   debounce_ms = 150,
   force_fallback = false,
   review = true,
+  next_edit = true,
+  next_edit_delay_ms = 400,
 }
 
 local function is_mode(v)
@@ -78,6 +82,10 @@ function M.resolve(opts)
   vim.validate('debounce_ms', cfg.debounce_ms, 'number')
   vim.validate('force_fallback', cfg.force_fallback, 'boolean')
   vim.validate('review', cfg.review, 'boolean')
+  vim.validate('next_edit', cfg.next_edit, 'boolean')
+  vim.validate('next_edit_delay_ms', cfg.next_edit_delay_ms, function(v)
+    return type(v) == 'number' and v >= 0 and v == math.floor(v)
+  end, 'integer >= 0')
   return cfg
 end
 
@@ -105,6 +113,8 @@ function M.init_options(cfg)
     inlineMode = cfg.inline_mode,
     rewriteMode = cfg.rewrite_mode,
     maxCompletionTokens = cfg.max_completion_tokens,
+    nextEdit = cfg.next_edit,
+    nextEditDelayMs = cfg.next_edit_delay_ms,
   }
 end
 

@@ -5,6 +5,7 @@ local config = require('llada.config')
 local draft = require('llada.draft')
 local ghost = require('llada.ghost')
 local highlight = require('llada.highlight')
+local next_edit = require('llada.next_edit')
 local review = require('llada.review')
 
 local M = {}
@@ -151,7 +152,10 @@ local function accept(bufnr, fallback)
     end
     return true
   end
-  return accepted ~= nil or (not fallback and vim.lsp.inline_completion.get({ bufnr = bufnr }))
+  if accepted ~= nil or (not fallback and vim.lsp.inline_completion.get({ bufnr = bufnr })) then
+    return true
+  end
+  return next_edit.tab(bufnr) -- no inline completion shown: the next edit's jump or accept
 end
 
 ---@param client vim.lsp.Client
@@ -163,6 +167,8 @@ local function on_attach(client, bufnr, group)
   if not fallback then
     vim.lsp.inline_completion.enable(true, { bufnr = bufnr })
   end
+  next_edit.attach(bufnr, client, { enabled = cfg.next_edit, delay_ms = cfg.next_edit_delay_ms, group = group,
+                                    accept_key = cfg.keymaps.accept })
   local keys = cfg.keymaps
   if keys.accept then
     vim.keymap.set('i', keys.accept, function()
@@ -184,6 +190,7 @@ end
 ---@param bufnr integer
 local function on_detach(bufnr)
   ghost.detach(bufnr)
+  next_edit.detach(bufnr)
   draft.forget(bufnr)
   rewriting[bufnr] = nil
   if not api.nvim_buf_is_valid(bufnr) then
