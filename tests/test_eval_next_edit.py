@@ -71,3 +71,24 @@ def test_a_whole_run_against_a_stand_in_server(tmp_path, capsys):
     assert silent["exact_all"] == 2 / 3 and silent["silent_recall"] == 1
     assert "| shipped model | 66.7% | 100.0% | 100 |" in out
     assert "shipped model vs rewrite the window without history: exact only in the first 1, only in the second 1" in out
+
+
+def test_an_earlier_runs_scores_are_tabulated_and_sign_tested_beside_this_runs(tmp_path, capsys):
+    cases = [_case(BEFORE, RENAME, AFTER_RENAME.replace("old_name", "new_name", 1), "below"),
+             _case("x = 1\n", [{"start": 4, "end": 5, "text": "2"}], None, "no-edit")]
+    path, saved = tmp_path / "cases.jsonl.gz", tmp_path / "shipped.json"
+    write_jsonl_gz(path, cases)
+    server = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE))}"
+    ev.eval_next_edit_main(["--cases", str(path), "--server", server, "--configs", "shipped", "--save", str(saved)])
+    capsys.readouterr()
+    ev.eval_next_edit_main(["--cases", str(path), "--configs", "always-silent", "--load", str(saved)])
+    out = capsys.readouterr().out
+    assert "| shipped model | 100.0% |" in out and f"| {ev.SILENT} | 50.0% |" in out
+    assert f"shipped model vs {ev.SILENT}: exact only in the first 1, only in the second 0" in out
+    write_jsonl_gz(path, cases[:1])
+    try:
+        ev.eval_next_edit_main(["--cases", str(path), "--configs", "always-silent", "--load", str(saved)])
+    except SystemExit as exit:
+        assert exit.code == 2  # scores of other cases are refused
+    else:
+        raise AssertionError("--load accepted scores of other cases")

@@ -280,6 +280,10 @@ def eval_next_edit_main(argv: list[str] | None = None) -> int:
                     help="which configurations, comma-separated (default: %(default)s; fine-tuned needs --model)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds one request may take (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="also print the rows as one JSON line")
+    ap.add_argument("--save", default=None, help="write every configuration's per-case scores here (JSON)")
+    ap.add_argument("--load", action="append", default=[], metavar="FILE",
+                    help="configurations scored by an earlier run on the same cases (--save's file): shown and "
+                         "sign-tested beside this run's, not run again (repeatable)")
     args = ap.parse_args(argv)
     cases = list(read_jsonl_gz(args.cases))[: args.limit]
     if not cases:
@@ -298,6 +302,14 @@ def eval_next_edit_main(argv: list[str] | None = None) -> int:
         wanted.remove("fine-tuned")
     scores: dict[str, list[dict]] = {}
     rows: dict[str, dict] = {}
+    ids = [f"{c['repo']} {c['commit']} {c['path']}" for c in cases]
+    for path in args.load:
+        earlier = json.loads(Path(path).read_text())
+        if earlier["cases"] != ids:
+            ap.error(f"--load {path}: scored on other cases")
+        for key, name in earlier["names"].items():
+            if key not in wanted:
+                scores[key], rows[name], names[key] = earlier["scores"][key], earlier["rows"][name], name
     for key in wanted:
         command, options = plans[key]
         started = time.time()
@@ -328,6 +340,9 @@ def eval_next_edit_main(argv: list[str] | None = None) -> int:
                   f"(sign test p = {p:.3g})")
     if args.json:
         print(json.dumps(rows))
+    if args.save:
+        Path(args.save).write_text(json.dumps({"cases": ids, "names": {k: names[k] for k in scores}, "rows": rows,
+                                               "scores": scores}))
     return 0
 
 
