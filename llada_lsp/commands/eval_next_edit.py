@@ -273,6 +273,8 @@ def eval_next_edit_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp eval-next-edit", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default=str(EVAL_SET), help="cases (.jsonl.gz; default: the shipped held-out set)")
     ap.add_argument("--limit", type=int, default=None, help="only the first N cases (default: all)")
+    ap.add_argument("--sample", type=int, default=None,
+                    help="N cases spread evenly over the set (every repository, in proportion; default: all)")
     ap.add_argument("--model", default=None, help="a fine-tuned model folder: scored beside the shipped model")
     ap.add_argument("--server", default=f"{shlex.quote(sys.executable)} -m llada_lsp --engine local",
                     help="the server command line (default: %(default)s)")
@@ -286,6 +288,8 @@ def eval_next_edit_main(argv: list[str] | None = None) -> int:
                          "sign-tested beside this run's, not run again (repeatable)")
     args = ap.parse_args(argv)
     cases = list(read_jsonl_gz(args.cases))[: args.limit]
+    if args.sample and args.sample < len(cases):
+        cases = [cases[i * len(cases) // args.sample] for i in range(args.sample)]
     if not cases:
         ap.error(f"no cases in {args.cases}")
     server = shlex.split(args.server)
