@@ -81,6 +81,9 @@ def test_an_earlier_runs_scores_are_tabulated_and_sign_tested_beside_this_runs(t
     server = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE))}"
     ev.eval_next_edit_main(["--cases", str(path), "--server", server, "--configs", "shipped", "--save", str(saved)])
     capsys.readouterr()
+    first = __import__("json").loads(saved.read_text())["scores"]["shipped"][0]
+    second = BEFORE.index("old_name", BEFORE.index("old_name") + 1)
+    assert first["change"] == [second, second + 3, "new"]  # old_name -> new_name, the shared "_name" trimmed
     ev.eval_next_edit_main(["--cases", str(path), "--configs", "always-silent", "--load", str(saved)])
     out = capsys.readouterr().out
     assert "| shipped model | 100.0% |" in out and f"| {ev.SILENT} | 50.0% |" in out

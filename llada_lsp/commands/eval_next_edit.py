@@ -27,7 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from ..training.edit_pairs import apply, read_jsonl_gz
-from ..training.eval_next_edit import case_scores, paired_exact, summarize
+from ..training.eval_next_edit import (
+    case_scores,
+    changed_region,
+    paired_exact,
+    summarize,
+)
 
 EVAL_SET = Path(__file__).resolve().parent.parent / "data" / "next_edit" / "cases.jsonl.gz"
 SILENT = "always silent"
@@ -329,6 +334,10 @@ def eval_next_edit_main(argv: list[str] | None = None) -> int:
         if len(errors) > 5:
             print(f"[{key}] ... {len(errors)} errors in all", file=sys.stderr)
         scores[key] = [case_scores(c, p) for c, p in zip(cases, predicted, strict=True)]
+        if args.save:  # what was suggested, as the smallest change of the text asked about (to read failures)
+            for s, c, p in zip(scores[key], cases, predicted):
+                if p is not None:
+                    s["change"] = changed_region(apply(c["before"], c["history"]), p)
         rows[names[key]] = {**summarize(scores[key], seconds), "errors": len(errors)}
     kinds: dict[str, int] = {}
     for c in cases:
