@@ -1,0 +1,132 @@
+"""`llada-lsp tune-next-edit`: fine-tune the embedded model on mined next-edit cases, mixed with its
+infill objective; CPU-bounded (--minutes), checkpointed to OUT/state.pt and resumed from it, the
+candidate exported to OUT/model. It replaces nothing: whether it ships is for `llada-lsp eval-infill
+--model OUT/model` (no loss on the held-out infill split, sign test) and `eval-next-edit --model` to say.
+The examples and the loss are training/edit_tune.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import signal
+import time
+from pathlib import Path
+
+import torch
+
+
+def tune_next_edit_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="llada-lsp tune-next-edit", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--cases", default="runs/edit_pairs/train.jsonl.gz", help="training cases (`llada-lsp edit-pairs`)")
+    ap.add_argument("--out", type=Path, default=Path("runs/next_edit_tune"), help="run folder")
+    ap.add_argument("--init-from", type=Path, default=None, help="model folder to start from (default: the embedded model)")
+    ap.add_argument("--minutes", type=float, default=30.0, help="training time budget (this and earlier runs of OUT)")
+    ap.add_argument("--edit-batch", type=int, default=6, help="edit examples per step")
+    ap.add_argument("--infill-batch", type=int, default=4, help="infill sequences per step (the usual objective)")
+    ap.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (AdamW, cosine to 10%%)")
+    ap.add_argument("--keep-weight", type=float, default=0.3, help="loss weight of draft tokens already right")
+    ap.add_argument("--no-history-share", type=float, default=0.0,
+                    help="share of edit examples built without the history (the baseline's prompt)")
+    ap.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=27)
+    args = ap.parse_args(argv)
+
+    from transformers import AutoTokenizer
+
+    from ..completion.codec import TextCodec
+    from ..model import EMBEDDED_MODEL, LLaDA2, load_model
+    from ..training import corpus
+    from ..training.edit_pairs import read_jsonl_gz
+    from ..training.edit_tune import edit_batch, edit_loss, served_example
+    from ..training.objective import block_diffusion_loss, training_mask
+    from ..training.train import Batches, balance_experts, export
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    source = args.init_from or EMBEDDED_MODEL
+    tok = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    codec = TextCodec.from_tokenizer(tok)
+    warm = load_model(source, device="cpu", dtype=torch.float32)  # loaded for inference: copy it into a trainable one
+    config = warm.config
+    model = LLaDA2(config)
+    model.load_state_dict(warm.state_dict())
+    del warm
+    seq_len, block = config.max_position_embeddings, 32
+    mask_id, eos_id = codec.special.mask, codec.special.eos
+    cases = list(read_jsonl_gz(args.cases))
+    rng = random.Random(args.seed)
+    examples = [e for c in cases if (e := served_example(c, codec, seq_len, 1024,
+                                                          history=rng.random() >= args.no_history_share))]
+    print(f"{len(examples)} edit examples of {len(cases)} cases "
+          f"({sum(e.target[:len(e.init)] == e.init for e in examples)} no-edit)", flush=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95))
+    args.out.mkdir(parents=True, exist_ok=True)
+    state_file = args.out / "state.pt"
+    step, spent, log = 0, 0.0, []
+    if state_file.is_file():
+        state = torch.load(state_file, map_location="cpu", weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step, spent, log = state["step"], state["seconds"], state["log"]
+        print(f"resumed at step {step} ({spent / 60:.1f} min spent)", flush=True)
+    rng = random.Random(args.seed * 1_000_003 + step)  # resumed runs see new draws, deterministically
+    gen = torch.Generator().manual_seed(args.seed * 7919 + step)
+    texts = [f.text for f in corpus.iter_files("train")]
+    infill = iter(Batches(texts, tok, args.seed * 1_000_003 + step, args.infill_batch, seq_len)) if args.infill_batch else None
+    allow = training_mask(seq_len, block)
+    budget = args.minutes * 60
+    started = time.time()
+
+    def elapsed() -> float:
+        return spent + time.time() - started
+
+    def save() -> None:
+        tmp = state_file.with_suffix(".tmp")
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "seconds": elapsed(),
+                    "log": log, "args": {k: str(v) for k, v in vars(args).items()}}, tmp)
+        tmp.replace(state_file)
+        export(model, tok, args.out / "model")
+
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    model.train()
+    try:
+        while elapsed() < budget and not stop["now"]:
+            lr = args.lr * min(1.0, (step + 1) / 10) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed() / budget))))
+            for group in opt.param_groups:
+                group["lr"] = lr
+            x, noisy, w = edit_batch(rng.sample(examples, min(args.edit_batch, len(examples))), seq_len, block, mask_id,
+                                     eos_id, args.keep_weight, rng)
+            loss, stats = edit_loss(model, x, noisy, w, allow)
+            if infill is not None:
+                infill_loss, infill_stats = block_diffusion_loss(model, next(infill), mask_id, block, 0.15, 0.1, allow, gen)
+                loss = loss + infill_loss
+                stats["infill_acc"] = infill_stats["mask_acc"]
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            balance_experts(model)
+            step += 1
+            log.append({"step": step, "loss": loss.item(), **stats})
+            if step % 5 == 0:
+                print(f"step {step} {elapsed() / 60:.1f} min loss {loss.item():.3f} "
+                      + " ".join(f"{k} {v:.3f}" for k, v in stats.items()), flush=True)
+            if step % args.save_every == 0:
+                save()
+    except KeyboardInterrupt:
+        pass
+    save()
+    print(f"stopped at step {step} after {elapsed() / 60:.1f} min; candidate {args.out / 'model'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(tune_next_edit_main())
