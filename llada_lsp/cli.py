@@ -24,6 +24,9 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("train", "train_main", "train the embedded model (CPU, resumable)"),
     "eval-infill": ("eval_infill", "eval_infill_main", "score infill on held-out standard-library files"),
     "eval-rewrite": ("eval_rewrite", "eval_rewrite_main", "rewrite held-out selections: parsed, applied, refused"),
+    "eval-next-edit": ("eval_next_edit", "eval_next_edit_main", "next-edit suggestions on held-out commits, per configuration"),
+    "edit-pairs": ("edit_pairs", "edit_pairs_main", "rebuild the next-edit cases from their manifest (git history)"),
+    "tune-next-edit": ("tune_next_edit", "tune_next_edit_main", "fine-tune the embedded model on next edits (CPU, resumable)"),
 }
 
 
@@ -42,7 +45,7 @@ def usage() -> str:
     lines = ["usage: llada-lsp [serve options] | llada-lsp SUBCOMMAND [options] | llada-lsp --version", "",
              "With no subcommand, serves the Language Server Protocol on stdio (see `llada-lsp serve --help`).", "",
              "subcommands:"]  # fmt: skip
-    lines += [f"  {name:<12} {doc}" for name, (_, _, doc) in SUBCOMMANDS.items()]
+    lines += [f"  {name:<15} {doc}" for name, (_, _, doc) in SUBCOMMANDS.items()]
     return "\n".join(lines)
 
 
