@@ -33,7 +33,9 @@ def joint_threshold(tokens, logits, frozen, mask_ids, thresholds, editing) -> "S
     tensors. On CUDA with triton, one fused kernel (kernels/joint_threshold.py) makes the same decisions
     without a [B, N, V] softmax."""
     if kernels.enabled(logits):
-        return StepUpdate(*kernels.step(tokens, logits, frozen, mask_ids, thresholds, editing))
+        fused = kernels.step(tokens, logits, frozen, mask_ids, thresholds, editing)
+        if fused is not None:  # None: the kernel does not compile on this machine (logged once)
+            return StepUpdate(*fused)
     conf, argmax = guesses(logits, mask_ids)  # [B, N], [B, N]
     fill_above = torch.as_tensor(thresholds, dtype=conf.dtype, device=conf.device)[:, None]
     edit_above = torch.as_tensor(editing, dtype=conf.dtype, device=conf.device)[:, None]

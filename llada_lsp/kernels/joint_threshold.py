@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .launch import Launch
+
 try:
     import triton
     import triton.language as tl
@@ -86,12 +88,28 @@ def row_confidence(logits: torch.Tensor, mask_ids: torch.Tensor, block_v: int | 
     rows = logits.reshape(B * N, V)
     if rows.stride(1) != 1:
         rows = rows.contiguous()
-    block_v = block_v or min(2048, triton.next_power_of_2(V))
     conf = torch.empty(B, N, dtype=torch.float32, device=logits.device)
     guess = torch.empty(B, N, dtype=torch.int64, device=logits.device)
-    _row_confidence_kernel[(B * N,)](rows, mask_ids.contiguous(), conf, guess, V, N, rows.stride(0),
-                                     BLOCK_V=block_v, num_warps=8 if block_v >= 2048 else 4)  # fmt: skip
+    row_confidence_launch(rows, mask_ids.contiguous(), conf, guess, N, block_v).run()
     return conf, guess
+
+
+def row_confidence_launch(rows, mask_ids, conf, guess, N: int, block_v: int | None = None) -> Launch:
+    """The row kernel's grid and arguments, as row_confidence passes them (kernels/aot.py compiles the
+    same): rows [R, V] with unit last stride, mask_ids [B], conf / guess [R]."""
+    V = rows.shape[1]
+    block_v = block_v or min(2048, triton.next_power_of_2(V))
+    return Launch(_row_confidence_kernel, (rows.shape[0],), (rows, mask_ids, conf, guess, V, N, rows.stride(0)),
+                  {"BLOCK_V": block_v, "num_warps": 8 if block_v >= 2048 else 4})  # fmt: skip
+
+
+def decisions_launch(conf, guess, tokens, frozen, mask_ids, fill_above, edit_above, out, filled, edited) -> Launch:
+    """The decisions kernel's grid and arguments: every [B, N] tensor contiguous, frozen int8,
+    mask_ids int64 [B], the thresholds float32 [B]."""
+    B, N = tokens.shape
+    return Launch(_joint_threshold_kernel, (B,),
+                  (conf, guess, tokens, frozen, mask_ids, fill_above, edit_above, out, filled, edited, N),
+                  {"BLOCK_N": triton.next_power_of_2(max(N, 16))})  # fmt: skip
 
 
 def joint_threshold_step(
@@ -119,10 +137,8 @@ def joint_threshold_step(
     filled = torch.empty(B, N, dtype=torch.int8, device=device)
     edited = torch.empty(B, N, dtype=torch.int8, device=device)
     fill_above, edit_above = (torch.as_tensor(t, dtype=torch.float32, device=device) for t in (thresholds, editing))
-    _joint_threshold_kernel[(B,)](
-        conf, guess, tokens, frozen.to(torch.int8).contiguous(), mask_ids.to(torch.int64).contiguous(),
-        fill_above, edit_above, out, filled, edited, N, BLOCK_N=triton.next_power_of_2(max(N, 16)),
-    )  # fmt: skip
+    decisions_launch(conf, guess, tokens, frozen.to(torch.int8).contiguous(), mask_ids.to(torch.int64).contiguous(),
+                     fill_above, edit_above, out, filled, edited).run()  # fmt: skip
     return out, filled.bool(), edited.bool(), conf
 
 

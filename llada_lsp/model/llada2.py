@@ -260,12 +260,16 @@ class SparseMoE(nn.Module):
         self.force: str | None = None  # "dense" / "sparse" / "fused" for tests and benchmarks; None = auto
 
     def mode(self, x: torch.Tensor) -> str:
-        """Which Experts path runs for x [B, T, C]: `force`, else the kernel where the switch allows it,
-        else dense for one small block on a GPU, else sparse."""
+        """Which Experts path runs for x [B, T, C]: `force`, else the kernel where the switch allows it
+        (for these weights on this GPU), else the torch path."""
         if self.force:
             return self.force
-        if kernels.enabled(x):
+        if kernels.enabled(x, self.experts.w_gate.dtype):
             return "fused"
+        return self.torch_mode(x)
+
+    def torch_mode(self, x: torch.Tensor) -> str:
+        """Dense for one small block on a GPU, else sparse."""
         return "dense" if x.is_cuda and x.shape[0] * x.shape[1] <= self.dense_max_tokens else "sparse"
 
     def forward(self, x):
@@ -274,7 +278,10 @@ class SparseMoE(nn.Module):
         expert_ids, weights = self.gate(flat)
         if self.training:  # per-expert load, read by the training loop's bias balancing
             self.load = torch.bincount(expert_ids.flatten(), minlength=self.experts.w_gate.shape[0])
-        out = getattr(self.experts, self.mode(x))(flat, expert_ids, weights)
+        mode = self.mode(x)
+        out = getattr(self.experts, mode)(flat, expert_ids, weights)
+        if out is None:  # the fused kernel does not compile on this machine (kernels logged it once)
+            out = getattr(self.experts, self.torch_mode(x))(flat, expert_ids, weights)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
         return out.view(B, T, C)
