@@ -210,6 +210,15 @@ def step_inputs(B, N, V, seed):
     return tokens.to(DEVICE), frozen.to(DEVICE), mask_ids.to(DEVICE)
 
 
+def test_row_confidence_keeps_the_mask_in_the_softmax(jt):
+    """The guess leaves the mask out; its probability does not (the reference's confidence): with the
+    mask at p = 0.55, the guess 3 has p = 0.37 of the whole row, not 0.37 / 0.45 as renormalised."""
+    logits = torch.tensor([[[3.0, 0.0, 1.0, 2.6, -1.0]]], device=DEVICE)  # [1, 1, V]; mask id 0
+    conf, guess = jt.row_confidence(logits, torch.tensor([0], device=DEVICE))
+    assert guess.item() == 3
+    torch.testing.assert_close(conf[0, 0].cpu(), logits[0, 0].cpu().softmax(-1)[3])
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("thresholds, editing", [
     ([0.5, 0.7, 0.95], [0.0, 0.5, 0.9]),  # the presets

@@ -14,16 +14,19 @@ from .. import kernels
 
 
 def guesses(logits: torch.Tensor, mask_id: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [..., V] -> (confidence, token) [...]: the greedy token of each position and its softmax
-    probability (the paper's confidence), the mask excluded: a step must never write a mask.
-    `mask_id`: one id, or one per row of a [B, N, V] batch ([B])."""
+    """logits [..., V] -> (confidence, token) [...]: the greedy token of each position, the mask excluded
+    (a step must never write a mask), and its softmax probability over the whole vocabulary, the mask
+    included, as the reference computes it (not renormalised to p / (1 - p_mask)). `mask_id`: one id,
+    or one per row of a [B, N, V] batch ([B]). Exact ties in the argmax go to the first id."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
+    total = logits.logsumexp(-1)  # [...]: log of the softmax's denominator, the mask's term in it
     if isinstance(mask_id, torch.Tensor):
         B, N, _ = logits.shape
         logits.scatter_(-1, mask_id.view(B, 1, 1).expand(B, N, 1), float("-inf"))
     else:
         logits[..., mask_id] = float("-inf")
-    return logits.softmax(-1).max(-1)
+    best, token = logits.max(-1)
+    return (best - total).exp(), token
 
 
 def joint_threshold(tokens, logits, frozen, mask_ids, thresholds, editing) -> "StepUpdate":
@@ -41,8 +44,9 @@ def joint_threshold(tokens, logits, frozen, mask_ids, thresholds, editing) -> "S
     edit_above = torch.as_tensor(editing, dtype=conf.dtype, device=conf.device)[:, None]
     masked = tokens == mask_ids[:, None]
     filled = masked & (conf > fill_above)
-    # With no mask above the threshold, the single most confident mask is filled (if any is left).
-    best = conf.masked_fill(~masked, -1.0).argmax(-1, keepdim=True)
+    # With no mask above the threshold, the single most confident mask is filled (if any is left),
+    # chosen by torch.topk as the reference chooses it (exact ties: topk's own order, not the first).
+    best = conf.masked_fill(~masked, -1.0).topk(1, dim=-1).indices
     fallback = torch.zeros_like(masked).scatter_(1, best, True)
     filled = torch.where(filled.any(-1, keepdim=True), filled, fallback & masked)
     edited = ~masked & ~frozen & (argmax != tokens) & (conf > edit_above)
