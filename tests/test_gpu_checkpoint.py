@@ -24,7 +24,7 @@ SGLANG_READS = ["architectures", "model_type", "hidden_act", "moe_router_enable_
                 "score_function", "n_group", "topk_group", "moe_intermediate_size", "intermediate_size",
                 "tie_word_embeddings", "norm_head", "vocab_size", "hidden_size", "num_hidden_layers",
                 "num_attention_heads", "num_key_value_heads"]  # fmt: skip
-REFERENCE_READS = ["attention_dropout", "output_dropout", "use_rmsnorm", "initializer_range", "torch_dtype"]
+REFERENCE_READS = ["attention_dropout", "output_dropout", "use_rmsnorm", "initializer_range", "dtype"]
 TINY = dict(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             head_dim=64, intermediate_size=256, moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2,
             n_group=2, topk_group=1, max_position_embeddings=256, mask_token_id=511, eos_token_id=508)  # fmt: skip
@@ -53,7 +53,7 @@ def test_a_written_checkpoint_carries_what_sglang_and_the_reference_read(tmp_pat
     assert not missing, f"config.json lacks {missing}"
     assert raw["architectures"] == ["LLaDA2MoeModelLM"] and raw["model_type"] == "llada2_moe"
     assert raw["hidden_act"] == "silu" and raw["moe_router_enable_expert_bias"] is True
-    assert raw["embedding_dropout"] == 0.0 and raw["torch_dtype"] == "bfloat16"
+    assert raw["embedding_dropout"] == 0.0 and raw["dtype"] == "bfloat16"
     back = AutoConfig.from_pretrained(tmp_path, local_files_only=True)
     for key in SGLANG_READS:
         assert getattr(back, key) == raw[key], key

@@ -114,8 +114,6 @@ class LLaDA2Config(PretrainedConfig):
         out = super().to_dict()
         if out.get("unsupported_rope_scaling") is None:  # only a real (rejected) value is worth writing
             out.pop("unsupported_rope_scaling", None)
-        if out.get("dtype") is not None:  # transformers < 4.56, and the SGLang releases on it, read this name
-            out["torch_dtype"] = out["dtype"]
         return out
 
     def validate_llada(self) -> None:
