@@ -201,7 +201,42 @@ class BlockCache:
         packed = torch.tensor([row_descriptor(pages, start, end, -(-S // bs), bs) for pages, start, end in rows])
         packed = packed.pin_memory() if device.type == "cuda" else packed
         packed = packed.to(device, non_blocking=True)
-        return PagedView(self, *paged_tables(packed, width, S, bs, all_visible(rows, width, bs)))
+        view = PagedView(self, *paged_tables(packed, width, S, bs, all_visible(rows, width, bs)))
+        if all(start // bs == (end - 1) // bs for _, start, end in rows):  # no row needs a mask
+            view.packed = Packed.of(rows, width, bs, device)
+        return view
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A batched forward whose rows need no mask (each row's queries inside its last block, which sees
+    every key [0, end)), as flash-attn's varlen kernel takes it: the real queries of all rows packed,
+    and each row's keys [0, end) packed, with their cumulative lengths. Sizes come from the host's own
+    numbers (no host read); the shapes change with the rows' ends, so a CUDA graph takes the padded path."""
+
+    query_rows: torch.Tensor  # [sum of query lengths] rows of the [B * T] query tensor that are real
+    key_slots: torch.Tensor  # [sum of ends] pool slots of each row's keys, row after row
+    cu_q: torch.Tensor  # [B + 1] int32
+    cu_k: torch.Tensor  # [B + 1] int32
+    max_q: int
+    max_k: int
+
+    @classmethod
+    def of(cls, rows: list[tuple[list[int], int, int]], width: int, bs: int, device) -> Packed:
+        query_rows, key_slots, cu_q, cu_k = [], [], [0], [0]
+        for r, (pages, start, end) in enumerate(rows):
+            query_rows += range(r * width + width - (end - start), (r + 1) * width)  # left padding skipped
+            key_slots += [pages[p // bs] * bs + p % bs for p in range(end)]
+            cu_q.append(cu_q[-1] + end - start)
+            cu_k.append(cu_k[-1] + end)
+        ints = torch.tensor(query_rows + key_slots)
+        counts = torch.tensor(cu_q + cu_k, dtype=torch.int32)
+        if torch.device(device).type == "cuda":
+            ints, counts = ints.pin_memory(), counts.pin_memory()
+        ints, counts = ints.to(device, non_blocking=True), counts.to(device, non_blocking=True)
+        nq, B = len(query_rows), len(rows)
+        return cls(ints[:nq], ints[nq:], counts[: B + 1], counts[B + 1 :],
+                   max(b - a for a, b in zip(cu_q, cu_q[1:])), max(b - a for a, b in zip(cu_k, cu_k[1:])))  # fmt: skip
 
 
 def row_descriptor(pages: list[int], start: int, end: int, n_pages: int, bs: int) -> list[int]:
@@ -242,6 +277,8 @@ class PagedView:
     into their pages and returns each row's keys [0, end) gathered, padded to the longest row.
     `allow` None: every query sees every key (attention's fast path)."""
 
+    packed: Packed | None = None  # set by BlockCache.view when no row needs a mask (flash-attn's varlen path)
+
     def __init__(self, cache: BlockCache, positions, writes, reads, allow):
         self.cache = cache
         self.positions, self.writes, self.reads, self.allow = positions, writes, reads, allow  # [B, T], [B*T], [B, S]
@@ -250,9 +287,21 @@ class PagedView:
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [B, K, T, D] -> every row's visible keys and values [B, K, S, D]."""
+        pool_k, pool_v = self._write(layer, k, v)
+        reads = self.tables[pool_k.device][1]
+        return pool_k[reads].transpose(1, 2), pool_v[reads].transpose(1, 2)
+
+    def update_packed(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [B, K, T, D] -> each row's keys and values [0, end), row after row [sum of ends, K, D]
+        (`packed` set: the varlen attention's layout, no padding key read)."""
+        pool_k, pool_v = self._write(layer, k, v)
+        slots = self.packed.key_slots.to(pool_k.device, non_blocking=True)
+        return pool_k[slots], pool_v[slots]
+
+    def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         B, K, T, D = k.shape
         pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
-        writes, reads = self.tables[pool_k.device]
+        writes = self.tables[pool_k.device][0]
         pool_k.index_copy_(0, writes, k.transpose(1, 2).reshape(B * T, K, D))
         pool_v.index_copy_(0, writes, v.transpose(1, 2).reshape(B * T, K, D))
-        return pool_k[reads].transpose(1, 2), pool_v[reads].transpose(1, 2)
+        return pool_k, pool_v

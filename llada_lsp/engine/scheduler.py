@@ -17,8 +17,16 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import BadLogits, Busy, TooLong
-from ..model import LLaDA2
-from .cache import BlockCache, CacheFull, Node, PagedView, all_visible, paged_tables, row_descriptor
+from ..model import LLaDA2, llada2
+from .cache import (
+    BlockCache,
+    CacheFull,
+    Node,
+    PagedView,
+    all_visible,
+    paged_tables,
+    row_descriptor,
+)
 from .policy import joint_threshold
 from .sequence import Draft, GenerationResult, Sequence, Settings
 
@@ -230,8 +238,15 @@ class Scheduler:
         visible = B == len(rows) and all_visible([(e.pages, a, b) for e, (a, b) in zip(rows, spans)], width, bs)
         constrained = self.cuda_graph or any(seq.allowed_row is not None for seq in seqs)
         ints, limits, allowed = self.inputs.fill(rows, spans, width, S, B, constrained)
-        step = (self._graphed if self.cuda_graph else self._device_step)
-        packed = step(ints, limits, allowed, width, S, visible)
+        if self.cuda_graph:
+            packed = self._graphed(ints, limits, allowed, width, S, visible)
+        else:  # flash-attn's varlen kernel where it runs and no row needs a mask (shapes follow the rows' ends)
+            varlen = None
+            if llada2.flash_available(self.model.device, self.model.dtype) and not self.model.hops and all(
+                start // bs == (hi - 1) // bs for start, hi in spans
+            ):
+                varlen = Packed.of([(e.pages, a, b) for e, (a, b) in zip(rows, spans)], width, bs, self.model.device)
+            packed = self._device_step(ints, limits, allowed, width, S, visible, varlen)
         host = packed.tolist()  # the one host read of the step (it waits for the forward)
         for entry, (start, _), row in zip(rows, spans, host):
             if not row[3 * bs]:
@@ -245,7 +260,7 @@ class Scheduler:
         self.stats.batch_max = max(self.stats.batch_max, len(rows))
 
     def _device_step(self, ints: torch.Tensor, limits: torch.Tensor, allowed: torch.Tensor | None, width: int,
-                     S: int, visible: bool) -> torch.Tensor:  # fmt: skip
+                     S: int, visible: bool, varlen: Packed | None = None) -> torch.Tensor:  # fmt: skip
         """One denoising step on the device, from StepInputs' tensors to the packed decisions [B, 3N + 1]
         (tokens, filled, edited, all-finite): static shapes for static (B, width, S), no host read, so
         torch.compile traces it whole and a CUDA graph can hold it (tests/test_gpu_step.py checks both)."""
@@ -253,6 +268,7 @@ class Scheduler:
         ids = ints[:, :width]  # [B, T]
         frozen_n, mask_ids, at = ints[:, width], ints[:, width + 1], ints[:, width + 2]  # [B] each
         view = PagedView(self.cache, *paged_tables(ints[:, width + 3 :], width, S, bs, visible))
+        view.packed = varlen
         logits = self.model(ids, kv=view, last_n=bs)  # [B, bs, V]
         if allowed is not None:
             constrain_first(logits, allowed, at)

@@ -17,9 +17,18 @@ from . import fp8
 from .config import LLaDA2Config
 
 try:  # optional CUDA fast path, chosen at run time
-    from flash_attn import flash_attn_func
+    from flash_attn import flash_attn_func, flash_attn_varlen_func
 except ImportError:  # pragma: no cover - depends on the machine
-    flash_attn_func = None
+    flash_attn_func = flash_attn_varlen_func = None
+
+
+def flash_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether flash-attn runs for activations on `device` in `dtype`: installed, CUDA, a half type."""
+    return flash_attn_func is not None and torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+
+
+def flash_ok(x: torch.Tensor) -> bool:
+    return flash_available(x.device, x.dtype)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -116,9 +125,16 @@ class Attention(nn.Module):
         q = apply_rope(self.query_layernorm(q).transpose(1, 2), cos, sin)  # [B, H, T, D]
         k = apply_rope(self.key_layernorm(k).transpose(1, 2), cos, sin)  # [B, K, T, D]
         v = v.transpose(1, 2)
+        packed = getattr(kv, "packed", None)
+        if packed is not None and flash_ok(x):  # a batched step whose rows need no mask: varlen, no padding keys
+            kp, vp = kv.update_packed(self.layer_idx, k, v)  # [sum of ends, K, D]
+            qp = q.transpose(1, 2).reshape(B * T, self.n_head, self.head_dim)[packed.query_rows]
+            got = flash_attn_varlen_func(qp, kp, vp, packed.cu_q, packed.cu_k, packed.max_q, packed.max_k, causal=False)
+            out = got.new_zeros(B * T, self.n_head, self.head_dim).index_copy_(0, packed.query_rows, got)
+            return self.dense(out.view(B, T, -1))
         if kv is not None:
             k, v = kv.update(self.layer_idx, k, v)
-        if allow is None and flash_attn_func is not None and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
+        if allow is None and flash_ok(x):
             out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=False)
             out = out.reshape(B, T, -1)
         else:
