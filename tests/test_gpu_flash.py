@@ -68,6 +68,30 @@ def test_the_varlen_layout_attends_as_the_padded_one(golden_dir, monkeypatch):
         torch.testing.assert_close(varlen[r, rows], padded[r, rows], atol=1e-9, rtol=1e-9)
 
 
+def test_the_engine_steps_a_batch_through_the_varlen_layout(golden_dir, cases, monkeypatch):
+    """Four golden sequences served together: the same drafts through the varlen layout as through the
+    padded one, and the varlen kernel really ran (steps that refresh a block keep the padded path)."""
+    from llada_lsp import Engine
+
+    model = load_model(golden_dir, device="cpu", dtype=torch.float64)
+
+    def serve():
+        engine = Engine(model, max_batch=4)
+        for case in list(cases.values())[:4]:
+            engine.scheduler.add(engine.settings(case["prompt_ids"], case["gen_length"], "quality",
+                                                 mask_id=case["mask_token_id"], eos_id=case["eos_token_id"]))  # fmt: skip
+        return [(e.id, e.draft.block_tokens) for e in engine.scheduler.drain() if e.draft is not None]
+
+    padded = serve()
+    calls = []
+    monkeypatch.setattr(llada2, "flash_available", lambda device, dtype: True)
+    monkeypatch.setattr(llada2, "flash_attn_varlen_func", lambda *a, **k: calls.append(1) or varlen_reference(*a, **k))
+    monkeypatch.setattr(llada2, "flash_attn_func", lambda q, k, v, causal: F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True).transpose(1, 2))  # fmt: skip
+    assert serve() == padded
+    assert calls
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="flash-attn's kernel runs on CUDA only (device run)")
 @pytest.mark.skipif(importlib.util.find_spec("flash_attn") is None, reason="flash-attn is not installed")
 def test_flash_attn_varlen_matches_sdpa_on_cuda(golden_dir, monkeypatch):

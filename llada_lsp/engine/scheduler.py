@@ -18,15 +18,7 @@ import torch
 
 from ..errors import BadLogits, Busy, TooLong
 from ..model import LLaDA2, llada2
-from .cache import (
-    BlockCache,
-    CacheFull,
-    Node,
-    PagedView,
-    all_visible,
-    paged_tables,
-    row_descriptor,
-)
+from .cache import BlockCache, CacheFull, Node, Packed, PagedView, all_visible, paged_tables, row_descriptor
 from .policy import joint_threshold
 from .sequence import Draft, GenerationResult, Sequence, Settings
 
