@@ -173,3 +173,27 @@ def test_step_inputs_stay_in_place(model, cases):
     engine.scheduler.step()
     after = {k: v[1].data_ptr() for k, v in inputs.buffers.items() if k in before}
     assert before and after == {k: before[k] for k in after}
+
+
+def test_the_static_shapes_a_cuda_graph_replays_give_the_same_drafts(model, cases):
+    """With cuda_graph on, a step runs padded to its bucket: 3 sequences as 4 rows, keys rounded up to
+    a key bucket, token healing's constraint always applied. Here the device step runs eagerly at those
+    shapes (no CUDA): the drafts must be those of the unpadded steps."""
+
+    def serve(static: bool):
+        engine = Engine(model, max_batch=3)
+        sched = engine.scheduler
+        if static:
+            sched.cuda_graph = True
+            sched._graphed = lambda *args: sched._device_step(*args)  # the capture itself needs CUDA
+        for i, case in enumerate(list(cases.values())[:3]):
+            sched.add(engine.settings(case["prompt_ids"], case["gen_length"], "quality", mask_id=case["mask_token_id"],
+                                      eos_id=case["eos_token_id"], first_allowed=[5, 6, 7] if i == 2 else None))
+        drafts = [(e.id, e.draft.block_tokens) for e in sched.drain() if e.draft is not None]
+        return drafts, {k[1] for k in sched.inputs.buffers}
+
+    plain, _ = serve(False)
+    padded, shapes = serve(True)
+    assert padded == plain
+    rows = {shape[0] for shape in shapes}
+    assert 4 in rows and 3 not in rows, f"3 rows run as a bucket of 4: {rows}"

@@ -18,7 +18,8 @@ import torch
 
 from ..errors import BadLogits, Busy, TooLong
 from ..model import LLaDA2, llada2
-from .cache import BlockCache, CacheFull, Node, Packed, PagedView, all_visible, paged_tables, row_descriptor
+from .cache import (SCRATCH, BlockCache, CacheFull, Node, Packed, PagedView, all_visible, paged_tables,
+                    row_descriptor)
 from .policy import joint_threshold
 from .sequence import Draft, GenerationResult, Sequence, Settings
 
@@ -225,7 +226,7 @@ class Scheduler:
         S = max(hi for _, hi in spans)
         B = len(rows)
         if self.cuda_graph:  # static shapes: a graph per (batch bucket, width, key bucket)
-            B, S = bucket(B), bucket(-(-S // bs)) * bs
+            B, S = bucket(B), key_bucket(-(-S // bs)) * bs
         seqs = [entry.seq for entry in rows]
         visible = B == len(rows) and all_visible([(e.pages, a, b) for e, (a, b) in zip(rows, spans)], width, bs)
         constrained = self.cuda_graph or any(seq.allowed_row is not None for seq in seqs)
@@ -298,6 +299,13 @@ def bucket(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def key_bucket(n: int) -> int:
+    """The key-block bucket of n blocks: n rounded up to a quarter of its power of two (33 -> 48), so
+    padding keys cost at most a third more attention and a 32k context needs about 30 graphs."""
+    step = max(1, bucket(n) // 4)
+    return -(-n // step) * step
+
+
 def constrain_first(logits: torch.Tensor, allowed: torch.Tensor, at: torch.Tensor) -> None:
     """logits [B, N, V] in place: row b's position at[b] keeps only the ids allowed[b] [V] allows
     (token healing); at[b] < 0: row b has no such position. Static shapes, no host read."""
@@ -340,7 +348,7 @@ class StepInputs:
             at = seq.allowed_row
             table.append([0] * (width - len(ids)) + ids + [min(max(seq.P - seq.lo, 0), bs), seq.settings.mask_id,
                           -1 if at is None else at, *row_descriptor(entry.pages, start, hi, n_pages, bs)])  # fmt: skip
-        pad = [0] * width + [bs, rows[0].seq.settings.mask_id, -1, *row_descriptor([], 0, width, n_pages, bs)]
+        pad = [0] * width + [bs, rows[0].seq.settings.mask_id, -1, *row_descriptor([SCRATCH] * n_pages, 0, width, n_pages, bs)]
         table += [pad] * (B - len(rows))
         ints_h.copy_(torch.tensor(table))
         policies = [entry.seq.settings.policy for entry in rows]

@@ -313,8 +313,11 @@ class SparseMoE(nn.Module):
         return self.torch_mode(x)
 
     def torch_mode(self, x: torch.Tensor) -> str:
-        """Dense for one small block on a GPU, else sparse."""
-        return "dense" if x.is_cuda and x.shape[0] * x.shape[1] <= self.dense_max_tokens else "sparse"
+        """Dense for one small block on a GPU, else sparse; dense whatever the size while a CUDA graph
+        is being captured (the sparse path reads the expert counts back to the host)."""
+        if x.is_cuda and (x.shape[0] * x.shape[1] <= self.dense_max_tokens or torch.cuda.is_current_stream_capturing()):
+            return "dense"
+        return "sparse"
 
     def forward(self, x):
         B, T, C = x.shape
