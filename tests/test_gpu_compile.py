@@ -40,7 +40,8 @@ def test_every_kernel_compiles_for_sm90_and_sm80_without_spills(tmp_path):
     assert report.exists(), run.stdout[-3000:] + run.stderr[-3000:]
     variants = json.loads(report.read_text())
     failed = [v for v in variants if v["supported"] and (not v["ok"] or v["spill_bytes"])]
-    assert not failed, "\n".join(f"sm_{v['target']} {v['kernel']} {v['case']}: {v['error'] or 'spills'}" for v in failed)
+    assert not failed, "\n".join(f"sm_{v['target']} {v['kernel']} {v['case']}: {v['error'] or 'spills'}"
+                                  for v in failed)  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:]
     for target in (90, 80):  # every kernel, in every dtype it is launched with, compiled for both targets
         compiled = {(v["kernel"], v["case"].split("x=")[-1]) for v in variants if v["ok"] and v["target"] == target}

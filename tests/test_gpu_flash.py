@@ -78,8 +78,9 @@ def test_the_engine_steps_a_batch_through_the_varlen_layout(golden_dir, cases, m
     def serve():
         engine = Engine(model, max_batch=4)
         for case in list(cases.values())[:4]:
-            engine.scheduler.add(engine.settings(case["prompt_ids"], case["gen_length"], "quality",
-                                                 mask_id=case["mask_token_id"], eos_id=case["eos_token_id"]))  # fmt: skip
+            settings = engine.settings(case["prompt_ids"], case["gen_length"], "quality",
+                                       mask_id=case["mask_token_id"], eos_id=case["eos_token_id"])  # fmt: skip
+            engine.scheduler.add(settings)
         return [(e.id, e.draft.block_tokens) for e in engine.scheduler.drain() if e.draft is not None]
 
     padded = serve()

@@ -18,8 +18,17 @@ import torch
 
 from ..errors import BadLogits, Busy, TooLong
 from ..model import LLaDA2, llada2
-from .cache import (SCRATCH, BlockCache, CacheFull, Node, Packed, PagedView, all_visible, paged_tables,
-                    row_descriptor)
+from .cache import (
+    SCRATCH,
+    BlockCache,
+    CacheFull,
+    Node,
+    Packed,
+    PagedView,
+    all_visible,
+    paged_tables,
+    row_descriptor,
+)
 from .policy import joint_threshold
 from .sequence import Draft, GenerationResult, Sequence, Settings
 
@@ -348,11 +357,13 @@ class StepInputs:
             at = seq.allowed_row
             table.append([0] * (width - len(ids)) + ids + [min(max(seq.P - seq.lo, 0), bs), seq.settings.mask_id,
                           -1 if at is None else at, *row_descriptor(entry.pages, start, hi, n_pages, bs)])  # fmt: skip
-        pad = [0] * width + [bs, rows[0].seq.settings.mask_id, -1, *row_descriptor([SCRATCH] * n_pages, 0, width, n_pages, bs)]
+        scratch = row_descriptor([SCRATCH] * n_pages, 0, width, n_pages, bs)
+        pad = [0] * width + [bs, rows[0].seq.settings.mask_id, -1, *scratch]
         table += [pad] * (B - len(rows))
         ints_h.copy_(torch.tensor(table))
         policies = [entry.seq.settings.policy for entry in rows]
-        limits_h.copy_(torch.tensor([[p.threshold, p.editing_threshold] for p in policies] + [[1.0, 1.0]] * (B - len(rows))))
+        limits = [[p.threshold, p.editing_threshold] for p in policies] + [[1.0, 1.0]] * (B - len(rows))
+        limits_h.copy_(torch.tensor(limits))
         if ints_d is not ints_h:
             ints_d.copy_(ints_h, non_blocking=True)
             limits_d.copy_(limits_h, non_blocking=True)

@@ -132,8 +132,9 @@ def ptxas_usage(ptx: str, capability: int) -> tuple[int, int]:
         src = os.path.join(tmp, "k.ptx")
         with open(src, "w") as f:
             f.write(ptx)
-        run = subprocess.run([get_ptxas(capability).path, "-v", f"--gpu-name={sm_arch_from_capability(capability)}",
-                              src, "-o", os.path.join(tmp, "k.cubin")], check=False, capture_output=True, text=True)  # fmt: skip
+        command = [get_ptxas(capability).path, "-v", f"--gpu-name={sm_arch_from_capability(capability)}", src,
+                   "-o", os.path.join(tmp, "k.cubin")]  # fmt: skip
+        run = subprocess.run(command, check=False, capture_output=True, text=True)
     if run.returncode:
         raise RuntimeError(f"ptxas: {run.stderr.strip()}")
     registers = [int(r) for r in re.findall(r"Used (\d+) registers", run.stderr)]

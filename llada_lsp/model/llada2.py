@@ -24,7 +24,8 @@ except ImportError:  # pragma: no cover - depends on the machine
 
 def flash_available(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether flash-attn runs for activations on `device` in `dtype`: installed, CUDA, a half type."""
-    return flash_attn_func is not None and torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+    half = dtype in (torch.float16, torch.bfloat16)
+    return flash_attn_func is not None and torch.device(device).type == "cuda" and half
 
 
 def flash_ok(x: torch.Tensor) -> bool:
