@@ -245,12 +245,17 @@ def test_joint_threshold_step_matches_reference_and_policy(jt, seed, thresholds,
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the interpreter's numpy meets the NaN
 def test_bad_logits_give_a_nan_confidence(jt):
     """The engine fails a row whose confidence is not finite (a NaN or +inf logit): so must the kernel."""
+    from llada_lsp.engine.policy import joint_threshold
+
     logits = torch.randn(2, 3, 40, device=DEVICE)
-    logits[0, 1, 5], logits[1, 2, 39] = float("nan"), float("inf")
     tokens, frozen, mask_ids = step_inputs(2, 3, 40, 0)
+    logits[0, 1, 5], logits[1, 2, 39] = float("nan"), float("inf")
+    logits[1, 0, mask_ids[1]] = float("inf")  # the mask's own logit: it counts in the confidence now
     confidence = jt.joint_threshold_step(tokens, logits, frozen, mask_ids, [0.5] * 2, [0.0] * 2, block_v=16)[3]
     finite = confidence.isfinite()
-    assert not finite[0, 1] and not finite[1, 2] and finite.sum() == 4
+    assert not finite[0, 1] and not finite[1, 2] and not finite[1, 0] and finite.sum() == 3
+    torch_rule = joint_threshold(tokens, logits, frozen, mask_ids, [0.5] * 2, [0.0] * 2).confidence
+    assert torch.equal(torch_rule.isfinite(), finite)
 
 
 def test_joint_threshold_step_checks(jt):

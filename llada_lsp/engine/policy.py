@@ -26,7 +26,8 @@ def guesses(logits: torch.Tensor, mask_id: int | torch.Tensor) -> tuple[torch.Te
     else:
         logits[..., mask_id] = float("-inf")
     best, token = logits.max(-1)
-    return (best - total).exp(), token
+    conf = (best - total).exp().masked_fill(total == float("inf"), float("nan"))  # a +inf logit, the mask's too
+    return conf, token
 
 
 def joint_threshold(tokens, logits, frozen, mask_ids, thresholds, editing) -> "StepUpdate":
