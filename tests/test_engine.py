@@ -157,11 +157,11 @@ def test_confidence_is_the_reference_softmax_with_the_mask_in_it():
     only kept out of the argmax. Renormalising to p / (1 - p_mask) fills masks the reference would
     not: here position 0's guess 4 has p = 0.3 (0.75 renormalised) next to a 0.6 mask probability, so
     at threshold 0.5 only position 1 (p = 0.9) is filled."""
-    from llada_lsp.engine.policy import JointThreshold, guesses, joint_threshold
+    from llada_lsp.engine.policy import JointThreshold, joint_threshold, step_guesses
 
     M = 7
     logits = torch.stack([logits_row({M: 0.6, 4: 0.3, 5: 0.1}), logits_row({2: 0.9, M: 0.1})])
-    conf, token = guesses(logits, M)
+    conf, token = step_guesses(logits, M)
     assert token.tolist() == [4, 2]  # never the mask, though it is position 0's most probable id
     torch.testing.assert_close(conf, torch.tensor([0.3, 0.9], dtype=conf.dtype))
     step = JointThreshold(threshold=0.5, editing_threshold=0.0).step(torch.tensor([M, M]), logits,
