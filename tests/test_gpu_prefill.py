@@ -90,13 +90,14 @@ print(engine.scheduler.stats.prefills, (status("VmHWM") - before) / 1024)
 """
 
 
-@pytest.mark.slow  # two fresh processes, ~10 s
+@pytest.mark.slow  # two fresh processes, ~15 s on an idle 2-core machine, minutes on a busy one
+@pytest.mark.timeout(900)
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
 def test_a_16k_prompt_prefills_within_twice_the_peak_memory_of_a_2k_one():
     peaks = {}
     for length in (2048, 16384):
         run = subprocess.run([sys.executable, "-c", MEASURE, str(length)], cwd=ROOT, capture_output=True, text=True,
-                             timeout=240, check=True)  # fmt: skip
+                             timeout=420, check=True)  # fmt: skip
         forwards, mib = run.stdout.split()
         peaks[length] = float(mib)
         print(f"prefill of {length} tokens: {forwards} forwards, peak {float(mib):.1f} MiB above the level before it")
