@@ -141,7 +141,7 @@ def test_the_step_rule_at_its_boundaries():
     assert step.edited.tolist() == [False, False, False, True, False]
 
     # No mask above the threshold: only the most confident mask is filled, whatever the filled
-    # positions' confidences. Confidence leaves the mask id out: {M: .8, 4: .12, 5: .08} is 0.6 for 4.
+    # positions' confidences. The mask id is never the guess: {M: .8, 4: .12, 5: .08} guesses 4 at 0.12.
     strict = JointThreshold(threshold=0.9, editing_threshold=0.9)
     tokens = torch.tensor([M, 3, M, M])
     logits = torch.stack([logits_row({1: 0.6, 2: 0.4}), logits_row({3: 1.0}), logits_row({2: 0.7, 1: 0.3}),
@@ -150,6 +150,32 @@ def test_the_step_rule_at_its_boundaries():
     assert step.filled.tolist() == [False, False, True, False] and step.tokens.tolist() == [M, 3, 2, M]
     last = strict.step(torch.tensor([3, M]), logits[[1, 3]], torch.zeros(2, dtype=torch.bool), M)
     assert last.tokens.tolist() == [3, 4], "a mask is never written: 4 is the best real token"
+
+
+def test_confidence_is_the_reference_softmax_with_the_mask_in_it():
+    """The reference's confidence is p(token) over the whole vocabulary, the mask included; the mask is
+    only kept out of the argmax. Renormalising to p / (1 - p_mask) fills masks the reference would
+    not: here position 0's guess 4 has p = 0.3 (0.75 renormalised) next to a 0.6 mask probability, so
+    at threshold 0.5 only position 1 (p = 0.9) is filled."""
+    from llada_lsp.engine.policy import JointThreshold, joint_threshold, step_guesses
+
+    M = 7
+    logits = torch.stack([logits_row({M: 0.6, 4: 0.3, 5: 0.1}), logits_row({2: 0.9, M: 0.1})])
+    conf, token = step_guesses(logits, M)
+    assert token.tolist() == [4, 2]  # never the mask, though it is position 0's most probable id
+    torch.testing.assert_close(conf, torch.tensor([0.3, 0.9], dtype=conf.dtype))
+    step = JointThreshold(threshold=0.5, editing_threshold=0.0).step(torch.tensor([M, M]), logits,
+                                                                     torch.zeros(2, dtype=torch.bool), M)  # fmt: skip
+    assert step.filled.tolist() == [False, True] and step.tokens.tolist() == [M, 2]
+
+    # Exact fallback ties go where the reference's torch.topk puts them (on the CPU, not the first
+    # index for a block of 32): every mask of this block has the same confidence, below the threshold.
+    B, N = 1, 32
+    tied = logits_row({1: 0.4, 2: 0.3, 3: 0.3}).expand(B, N, -1).clone()
+    tokens = torch.full((B, N), M)
+    update = joint_threshold(tokens, tied, torch.zeros(B, N, dtype=torch.bool), torch.tensor([M]), [0.9], [0.9])
+    want = torch.full((B, N), 0.4, dtype=torch.float64).topk(1, dim=-1).indices
+    assert update.filled.nonzero()[:, 1].tolist() == want[0].tolist()
 
 
 def test_unknown_mode_is_refused(model):

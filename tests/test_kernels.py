@@ -41,13 +41,15 @@ def jt(fm):
     return joint_threshold
 
 
-# Per dtype: (atol, rtol) against the reference in the same dtype. float32 on CUDA: tl.dot uses TF32.
-TOLERANCE = {
-    torch.float32: (2e-2, 2e-2) if DEVICE == "cuda" else (1e-5, 1e-5),
-    torch.float16: (4e-3, 4e-3),
-    torch.bfloat16: (3e-2, 2e-2),
-}
-DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in TOLERANCE]
+DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in (torch.float32, torch.float16, torch.bfloat16)]
+
+
+def tolerance(fm, dtype, precision=None) -> dict:
+    """atol = rtol from the precision the kernel's tl.dot really multiplies in (fm.dot_precision: the
+    same on CUDA as in the interpreter, which emulates TF32 when a kernel asks for it): 4 roundings of
+    an operand, plus float32 accumulation in another order over a few dozen terms."""
+    eps = 4 * fm.operand_eps(dtype, precision) + 64 * torch.finfo(torch.float32).eps
+    return {"atol": eps, "rtol": eps}
 
 
 def random_moe(N, C, E, A, I, dtype, seed=0):
@@ -72,9 +74,8 @@ def test_fused_moe_matches_reference(fm, shape, dtype):
     x, ids, w, wg, wu, wd = random_moe(*shape, dtype)
     got = fm.fused_moe(x, ids, w, wg, wu, wd, tiles=fm.Tiles(block_m=16, block_n=16, block_k=16))
     want = fm.fused_moe_reference(x, ids, w, wg, wu, wd)
-    atol, rtol = TOLERANCE[dtype]
     assert got.dtype == dtype and got.shape == x.shape
-    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol)
+    torch.testing.assert_close(got.float(), want.float(), **tolerance(fm, dtype))
 
 
 def test_fused_moe_default_tiles_and_fp8_block_scales(fm):
@@ -88,7 +89,7 @@ def test_fused_moe_default_tiles_and_fp8_block_scales(fm):
     scales = tuple(s.to(DEVICE) for _, s in stored)
     got = fm.fused_moe(x, ids, w, *qs, scales=scales)
     want = fm.fused_moe_reference(x, ids, w, *qs, scales=scales)
-    torch.testing.assert_close(got, want, **dict(zip(("atol", "rtol"), TOLERANCE[torch.float32])))
+    torch.testing.assert_close(got, want, **tolerance(fm, torch.float32))
     plain = fm.fused_moe_reference(x, ids, w, wg, wu, wd)
     assert (got - plain).abs().max() > 0  # the FP8 rounding is really in the weights it read
 
@@ -118,12 +119,32 @@ def test_fp8_experts_give_the_same_numbers_fused_and_unfused(fm, monkeypatch):
     moe.force = "sparse"
     unfused = moe(x)
     moe.force = None
-    monkeypatch.setattr(kernels, "enabled", lambda t: True)
+    monkeypatch.setattr(kernels, "enabled", lambda t, weight_dtype=None: True)
     calls = []
     monkeypatch.setattr(kernels, "moe", lambda *a: calls.append(1) or fm.fused_moe(*a[:7], activations=a[7]))
     fused = moe(x)
     assert calls, "the fused branch did not run"
     torch.testing.assert_close(fused, unfused, atol=1e-4, rtol=1e-4)
+
+
+def test_float32_kernels_do_not_run_in_tf32_as_a_gpu_would_by_default(fm):
+    """Triton's default for a float32 tl.dot on CUDA is TF32 (10 mantissa bits). The interpreter
+    multiplies in full float32, so before the kernels named their precision the CPU tests could not
+    see that; now the interpreter rounds the operands to TF32 whenever a kernel asks for it, so a
+    kernel left at TF32 fails the float32 bar here as it would on the GPU."""
+    from llada_lsp.model import fp8
+
+    assert fm.dot_precision(torch.float32) == "ieee"
+    x, ids, w, wg, wu, wd = random_moe(7, 136, 4, 2, 130, torch.float32, seed=2)
+    stored = [fp8.quantize(t.cpu()) for t in (wg, wu, wd)]
+    qs, scales = [q.to(DEVICE) for q, _ in stored], tuple(s.to(DEVICE) for _, s in stored)
+    want = fm.fused_moe_reference(x, ids, w, *qs, scales=scales)
+    ieee = fm.fused_moe(x, ids, w, *qs, scales=scales)
+    tf32 = fm.fused_moe(x, ids, w, *qs, scales=scales, precision="tf32")  # what the kernels did before
+    torch.testing.assert_close(ieee, want, **tolerance(fm, torch.float32))
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(tf32, want, **tolerance(fm, torch.float32))
+    torch.testing.assert_close(tf32, want, **tolerance(fm, torch.float32, "tf32"))  # TF32, as TF32 should be
 
 
 def test_expert_tiles_read_each_touched_expert_once(fm):
@@ -189,6 +210,15 @@ def step_inputs(B, N, V, seed):
     return tokens.to(DEVICE), frozen.to(DEVICE), mask_ids.to(DEVICE)
 
 
+def test_row_confidence_keeps_the_mask_in_the_softmax(jt):
+    """The guess leaves the mask out; its probability does not (the reference's confidence): with the
+    mask at p = 0.55, the guess 3 has p = 0.37 of the whole row, not 0.37 / 0.45 as renormalised."""
+    logits = torch.tensor([[[3.0, 0.0, 1.0, 2.6, -1.0]]], device=DEVICE)  # [1, 1, V]; mask id 0
+    conf, guess = jt.row_confidence(logits, torch.tensor([0], device=DEVICE))
+    assert guess.item() == 3
+    torch.testing.assert_close(conf[0, 0].cpu(), logits[0, 0].cpu().softmax(-1)[3])
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("thresholds, editing", [
     ([0.5, 0.7, 0.95], [0.0, 0.5, 0.9]),  # the presets
@@ -215,12 +245,17 @@ def test_joint_threshold_step_matches_reference_and_policy(jt, seed, thresholds,
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the interpreter's numpy meets the NaN
 def test_bad_logits_give_a_nan_confidence(jt):
     """The engine fails a row whose confidence is not finite (a NaN or +inf logit): so must the kernel."""
+    from llada_lsp.engine.policy import joint_threshold
+
     logits = torch.randn(2, 3, 40, device=DEVICE)
-    logits[0, 1, 5], logits[1, 2, 39] = float("nan"), float("inf")
     tokens, frozen, mask_ids = step_inputs(2, 3, 40, 0)
+    logits[0, 1, 5], logits[1, 2, 39] = float("nan"), float("inf")
+    logits[1, 0, mask_ids[1]] = float("inf")  # the mask's own logit: it counts in the confidence now
     confidence = jt.joint_threshold_step(tokens, logits, frozen, mask_ids, [0.5] * 2, [0.0] * 2, block_v=16)[3]
     finite = confidence.isfinite()
-    assert not finite[0, 1] and not finite[1, 2] and finite.sum() == 4
+    assert not finite[0, 1] and not finite[1, 2] and not finite[1, 0] and finite.sum() == 3
+    torch_rule = joint_threshold(tokens, logits, frozen, mask_ids, [0.5] * 2, [0.0] * 2).confidence
+    assert torch.equal(torch_rule.isfinite(), finite)
 
 
 def test_joint_threshold_step_checks(jt):
@@ -241,8 +276,8 @@ GOLDEN_CASES = ("A18_P45_G96_quality_eosstop", "A21_P45_G64_speed_post2")
 @pytest.mark.parametrize("case_id", GOLDEN_CASES)
 def test_engine_with_the_kernels_gives_the_golden_tokens(fm, jt, golden_dir, golden_generate, case_id, monkeypatch):
     """float32 on the CPU: the MoE layers through fused_moe and every step through joint_threshold_step,
-    exact parity with the reference. On CUDA float32 GEMMs run in TF32, so exact parity is not the bar
-    there: test_cuda.py's bf16 bar is, with the kernels on (examples/gpu_check.sh runs it)."""
+    exact parity with the reference. On CUDA the kernels' float32 GEMMs are IEEE too, but cuBLAS and
+    the kernels sum in other orders: test_cuda.py's bf16 bar is the bar there (examples/gpu_check.sh)."""
     if DEVICE == "cuda":
         pytest.skip("exact float32 parity is the CPU's bar; on CUDA tests/test_cuda.py's bf16 bar applies")
     from llada_lsp import Engine, JointThreshold, kernels, load_model
@@ -258,7 +293,7 @@ def test_engine_with_the_kernels_gives_the_golden_tokens(fm, jt, golden_dir, gol
         return call
 
     # The one switch says yes on the CPU: the model and the policy take their own kernel branches.
-    monkeypatch.setattr(kernels, "enabled", lambda x: x.dtype in kernels.KERNEL_DTYPES)
+    monkeypatch.setattr(kernels, "enabled", lambda x, weight_dtype=None: x.dtype in kernels.KERNEL_DTYPES)
     monkeypatch.setattr(kernels, "moe", counted("moe", fused_moe))
     monkeypatch.setattr(kernels, "step", counted("step", fused_step))
     model = load_model(golden_dir, device=DEVICE, dtype=torch.float32)

@@ -194,48 +194,117 @@ class BlockCache:
     def view(self, rows: list[tuple[list[int], int, int]], width: int) -> "PagedView":
         """The view of one batched forward. `rows`: per row (pages by block index, first query
         position, end position): the row's queries are positions [start, end), right-aligned in a
-        [B, width] query tensor (left padding), and it sees keys [0, end)."""
-        return PagedView(self, rows, width)
+        [B, width] query tensor (left padding), and it sees keys [0, end). The row descriptors go to
+        the device in one copy; the slot tables and the mask are built there (`paged_tables`)."""
+        bs, device = self.block_size, self.k[0].device
+        S = max(end for _, _, end in rows)
+        packed = torch.tensor([row_descriptor(pages, start, end, -(-S // bs), bs) for pages, start, end in rows])
+        packed = packed.pin_memory() if device.type == "cuda" else packed
+        packed = packed.to(device, non_blocking=True)
+        view = PagedView(self, *paged_tables(packed, width, S, bs, all_visible(rows, width, bs)))
+        if all(start // bs == (end - 1) // bs for _, start, end in rows):  # no row needs a mask
+            view.packed = Packed.of(rows, width, bs, device)
+        return view
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A batched forward whose rows need no mask (each row's queries inside its last block, which sees
+    every key [0, end)), as flash-attn's varlen kernel takes it: the real queries of all rows packed,
+    and each row's keys [0, end) packed, with their cumulative lengths. Sizes come from the host's own
+    numbers (no host read); the shapes change with the rows' ends, so a CUDA graph takes the padded path."""
+
+    query_rows: torch.Tensor  # [sum of query lengths] rows of the [B * T] query tensor that are real
+    key_slots: torch.Tensor  # [sum of ends] pool slots of each row's keys, row after row
+    cu_q: torch.Tensor  # [B + 1] int32
+    cu_k: torch.Tensor  # [B + 1] int32
+    max_q: int
+    max_k: int
+
+    @classmethod
+    def of(cls, rows: list[tuple[list[int], int, int]], width: int, bs: int, device) -> Packed:
+        """Built on the host with a few vectorised ops per row (a step's rows hold thousands of keys)."""
+        offsets = torch.arange(bs)
+        query_rows, key_slots, cu_q, cu_k = [], [], [0], [0]
+        for r, (pages, start, end) in enumerate(rows):
+            query_rows.append(torch.arange(r * width + width - (end - start), (r + 1) * width))  # no left padding
+            used = torch.tensor(pages[: -(-end // bs)])
+            key_slots.append((used[:, None] * bs + offsets).flatten()[:end])
+            cu_q.append(cu_q[-1] + end - start)
+            cu_k.append(cu_k[-1] + end)
+        ints = torch.cat(query_rows + key_slots)
+        counts = torch.tensor(cu_q + cu_k, dtype=torch.int32)
+        if torch.device(device).type == "cuda":
+            ints, counts = ints.pin_memory(), counts.pin_memory()
+        ints, counts = ints.to(device, non_blocking=True), counts.to(device, non_blocking=True)
+        nq, B = cu_q[-1], len(rows)
+        return cls(ints[:nq], ints[nq:], counts[: B + 1], counts[B + 1 :],
+                   max(b - a for a, b in zip(cu_q, cu_q[1:])), max(b - a for a, b in zip(cu_k, cu_k[1:])))  # fmt: skip
+
+
+def row_descriptor(pages: list[int], start: int, end: int, n_pages: int, bs: int) -> list[int]:
+    """One row of a step's tables as ints: [start, end, page of key block 0 .. n_pages - 1] (the scratch
+    page past the row's end)."""
+    used = -(-end // bs)
+    return [start, end, *pages[:used], *[SCRATCH] * (n_pages - used)]
+
+
+def all_visible(rows: list[tuple[list[int], int, int]], width: int, bs: int) -> bool:
+    """Whether every query sees every key (no mask needed: attention's fast path), from the host's own
+    numbers: no padding query, every row's queries inside its last block, and one end for all rows."""
+    ends = {end for _, _, end in rows}
+    return len(ends) == 1 and all(end - start == width and start // bs == (end - 1) // bs for _, start, end in rows)
+
+
+def paged_tables(rows: torch.Tensor, width: int, S: int, bs: int, visible: bool):
+    """rows [B, 2 + ceil(S/bs)] int64 on the device (row_descriptor's layout) -> (positions [B, T],
+    writes [B * T], reads [B, S] slots, allow [B, 1, T, S] bool or None when `visible`): static shapes
+    for static (B, width, S), no host read (a CUDA graph can hold it). Padding queries sit at position
+    0 and write to the scratch page; keys past a row's end read the scratch page and are masked."""
+    B = rows.shape[0]
+    starts, ends, table = rows[:, 0], rows[:, 1], rows[:, 2:]
+    keys = torch.arange(S, device=rows.device)
+    reads = table.gather(1, (keys // bs).expand(B, S)) * bs + keys % bs  # [B, S]
+    positions = ends[:, None] - width + torch.arange(width, device=rows.device)  # right-aligned queries
+    pad = positions < starts[:, None]
+    positions = positions.masked_fill(pad, 0)
+    writes = reads.gather(1, positions).masked_fill(pad, SCRATCH * bs)
+    if visible:
+        return positions, writes.flatten(), reads, None
+    allow = (keys[None, None, :] // bs <= positions[:, :, None] // bs) & (keys[None, None, :] < ends[:, None, None])
+    return positions, writes.flatten(), reads, allow[:, None]
 
 
 class PagedView:
     """Slot tables and the mask of one batched forward: `update(layer, k, v)` writes the queries' K/V
     into their pages and returns each row's keys [0, end) gathered, padded to the longest row.
-    Padding queries sit at position 0, write to the scratch page and see block 0 only; padding keys
-    read the scratch page and are masked."""
+    `allow` None: every query sees every key (attention's fast path)."""
 
-    def __init__(self, cache: BlockCache, rows: list[tuple[list[int], int, int]], width: int):
-        bs, device = cache.block_size, cache.k[0].device
+    packed: Packed | None = None  # set by BlockCache.view when no row needs a mask (flash-attn's varlen path)
+
+    def __init__(self, cache: BlockCache, positions, writes, reads, allow):
         self.cache = cache
-        B, S = len(rows), max(end for _, _, end in rows)
-        n_pages = -(-S // bs)
-        table = torch.full((B, n_pages), SCRATCH, dtype=torch.long)  # page of each key block, scratch past the end
-        starts, ends = torch.empty(B, dtype=torch.long), torch.empty(B, dtype=torch.long)
-        for r, (pages, start, end) in enumerate(rows):
-            used = -(-end // bs)
-            table[r, :used] = torch.as_tensor(pages[:used])
-            starts[r], ends[r] = start, end
-        keys = torch.arange(S)
-        reads = table[:, keys // bs] * bs + keys % bs  # [B, S] slots
-        positions = ends[:, None] - width + torch.arange(width)  # right-aligned queries; padding < start
-        pad = positions < starts[:, None]
-        positions = positions.masked_fill(pad, 0)
-        writes = torch.gather(reads, 1, positions)
-        writes = writes.masked_fill(pad, SCRATCH * bs)
-        allow = (keys[None, None, :] // bs <= positions[:, :, None] // bs) & (keys[None, :] < ends[:, None])[:, None]
-        self.positions = positions.to(device)  # [B, T]
-        self.writes = writes.flatten().to(device)  # [B * T]
-        self.reads = reads.to(device)  # [B, S]
-        # None when every query sees every key (one row of one block, no padding): attention's fast path
-        self.allow = None if bool(allow.all()) else allow[:, None].to(device)  # [B, 1, T, S]
+        self.positions, self.writes, self.reads, self.allow = positions, writes, reads, allow  # [B, T], [B*T], [B, S]
         # A split model's pool: the slot tables once more on each other device that holds layers.
-        self.tables = {d: (self.writes.to(d), self.reads.to(d)) for d in cache.devices}
+        self.tables = {d: (writes.to(d, non_blocking=True), reads.to(d, non_blocking=True)) for d in cache.devices}
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [B, K, T, D] -> every row's visible keys and values [B, K, S, D]."""
+        pool_k, pool_v = self._write(layer, k, v)
+        reads = self.tables[pool_k.device][1]
+        return pool_k[reads].transpose(1, 2), pool_v[reads].transpose(1, 2)
+
+    def update_packed(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [B, K, T, D] -> each row's keys and values [0, end), row after row [sum of ends, K, D]
+        (`packed` set: the varlen attention's layout, no padding key read)."""
+        pool_k, pool_v = self._write(layer, k, v)
+        slots = self.packed.key_slots.to(pool_k.device, non_blocking=True)
+        return pool_k[slots], pool_v[slots]
+
+    def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         B, K, T, D = k.shape
         pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
-        writes, reads = self.tables[pool_k.device]
+        writes = self.tables[pool_k.device][0]
         pool_k.index_copy_(0, writes, k.transpose(1, 2).reshape(B * T, K, D))
         pool_v.index_copy_(0, writes, v.transpose(1, 2).reshape(B * T, K, D))
-        return pool_k[reads].transpose(1, 2), pool_v[reads].transpose(1, 2)
+        return pool_k, pool_v

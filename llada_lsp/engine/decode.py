@@ -43,17 +43,21 @@ class Engine:
     one sequence (the scheduler must be otherwise idle); the service drives `scheduler` itself to
     batch many. A prompt that starts with whole blocks cached by an earlier one reuses their K/V.
     `use_cache=False` recomputes the whole prefix every step: the reference algorithm, the baseline.
-    `cache_mb`: the pool's size (None: default_cache_mb); `prefix_cache=False` never reuses a block."""
+    `cache_mb`: the pool's size (None: default_cache_mb); `prefix_cache=False` never reuses a block.
+    `cuda_graph`: each denoising step replayed from a CUDA graph per batch bucket (CUDA only; off until
+    measured, docs/gpu.md); `prefill_chunk`: most prompt tokens per prefill forward (whole blocks)."""
 
     def __init__(self, model: LLaDA2, block_size: int = 32, use_cache: bool = True, cache_mb: float | None = None,
-                 prefix_cache: bool = True, max_batch: int = 8, max_queue: int = 64):  # fmt: skip
+                 prefix_cache: bool = True, max_batch: int = 8, max_queue: int = 64, cuda_graph: bool = False,
+                 prefill_chunk: int | None = None):  # fmt: skip
         self.model, self.block_size, self.use_cache = model, block_size, use_cache
         if cache_mb is None:
             cache_mb = default_cache_mb(model.device)
         self.cache = BlockCache.for_budget(model.config, cache_mb, block_size, model.device, model.dtype,
                                            prefix=prefix_cache and use_cache,
                                            layer_devices=model.layer_devices)  # fmt: skip
-        self.scheduler = Scheduler(model, self.cache, max_batch, max_queue, use_cache)
+        self.scheduler = Scheduler(model, self.cache, max_batch, max_queue, use_cache, cuda_graph=cuda_graph,
+                                   prefill_chunk=prefill_chunk)  # fmt: skip
 
     def generation(self, *args, **kwargs) -> Generation:
         """One sequence, stepped as it is iterated (the arguments are `settings`'s)."""

@@ -17,8 +17,18 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import BadLogits, Busy, TooLong
-from ..model import LLaDA2
-from .cache import BlockCache, CacheFull, Node
+from ..model import LLaDA2, llada2
+from .cache import (
+    SCRATCH,
+    BlockCache,
+    CacheFull,
+    Node,
+    Packed,
+    PagedView,
+    all_visible,
+    paged_tables,
+    row_descriptor,
+)
 from .policy import joint_threshold
 from .sequence import Draft, GenerationResult, Sequence, Settings
 
@@ -43,6 +53,11 @@ class _Entry:
     private: set[int]  # pages it owns (freed when it leaves)
     path: Node | None = None  # the trie node of its blocks [0, keyed)
     keyed: int = 0
+    prefill_end: int = 0  # prompt positions [seq.valid, prefill_end) still to prefill, a chunk per step
+
+    @property
+    def prefilling(self) -> bool:
+        return self.seq.valid < self.prefill_end
 
 
 @dataclass
@@ -62,9 +77,22 @@ class Scheduler:
     batching, one sequence at a time in arrival order); `max_queue` sequences may wait."""
 
     def __init__(self, model: LLaDA2, cache: BlockCache, max_batch: int = 8, max_queue: int = 64,
-                 use_cache: bool = True):  # fmt: skip
+                 use_cache: bool = True, cuda_graph: bool = False, prefill_chunk: int | None = None):  # fmt: skip
         self.model, self.cache, self.use_cache = model, cache, use_cache
         self.block_size = cache.block_size
+        # cuda_graph: each step replayed from a CUDA graph per (batch bucket, width, key bucket). Off by
+        # default until measured on a GPU (docs/gpu.md); refused off CUDA and for a split model.
+        if cuda_graph and (model.device.type != "cuda" or model.hops or not use_cache):
+            raise ValueError("cuda_graph needs the whole model on one CUDA device and the block cache on")
+        self.cuda_graph = cuda_graph
+        self.graphs: dict[tuple, tuple] = {}
+        self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graph else None
+        self.inputs = StepInputs(model.device, model.config.vocab_size)
+        # Prompt tokens prefilled per step (whole blocks, at least one), in forwards of at most that many
+        # tokens: memory per forward is bounded whatever the prompt's length, and a long prompt is
+        # prefilled across steps while the running sequences keep denoising.
+        chunk = PREFILL_CHUNK if prefill_chunk is None else prefill_chunk
+        self.prefill_chunk = max(self.block_size, chunk // self.block_size * self.block_size)
         self.max_batch, self.max_queue = max(1, max_batch), max_queue
         self.waiting: list[_Entry] = []
         self.running: list[_Entry] = []
@@ -110,7 +138,9 @@ class Scheduler:
         sequence that finished (ran to the end, stopped early, or was cancelled)."""
         events: list[Event] = []
         self._admit(events)
-        rows = [entry for entry in self.running if entry.seq.ready()]  # the others have just finished
+        self._prefill()
+        # ready() may end a sequence (cancelled, or its last block closed); one still prefilling waits
+        rows = [entry for entry in self.running if not entry.prefilling and entry.seq.ready()]
         self._leave(events)
         if not rows:
             return events
@@ -148,16 +178,33 @@ class Scheduler:
             raise
         entry.nodes, entry.pages, entry.private = nodes, [n.page for n in nodes] + private, set(private)
         entry.path, entry.keyed = (nodes[-1] if nodes else None), len(nodes)
-        seq.valid = seq.result.reused_tokens = reused = len(nodes) * bs  # nothing is matched without the cache
-        if not self.use_cache or len(nodes) == seq.first:
-            return
-        lo, hi = reused, seq.first * bs
-        ids = torch.tensor([seq.host[lo:hi]], device=self.model.device)
-        self.model(ids, kv=cache.view([(entry.pages, lo, hi)], hi - lo), last_n=0)
-        seq.result.prefill_forwards += 1
-        self.stats.prefills += 1
-        seq.valid = hi
-        self._commit(entry, seq.first)
+        seq.valid = seq.result.reused_tokens = len(nodes) * bs  # nothing is matched without the cache
+        entry.prefill_end = seq.first * bs if self.use_cache else 0
+
+    def _prefill(self) -> None:
+        """The prompt blocks the prefix cache lacked, `prefill_chunk` tokens of them per step in forwards
+        of whole blocks, oldest sequence first; each chunk's blocks are committed to the cache at once
+        (their K/V are final). A forward's queries x keys stay within prefill_chunk^2 (what one chunk at
+        the start of a prompt has): attention's mask, and its scores where SDPA takes the math backend,
+        are [T, S], so a chunk far into a long prompt is shorter. A sequence cancelled meanwhile ends
+        here, before its next chunk."""
+        budget, bs = self.prefill_chunk, self.block_size
+        for entry in [e for e in self.running if e.prefilling]:
+            seq = entry.seq
+            if seq.cancelled():
+                seq.ready()  # it ends (cancelled) without a forward
+                continue
+            if budget <= 0:
+                break
+            lo = seq.valid
+            span = max(bs, self.prefill_chunk**2 // (lo + budget) // bs * bs)  # tokens whose [T, S] fits
+            hi = min(entry.prefill_end, lo + min(budget, span))
+            ids = torch.tensor([seq.host[lo:hi]], device=self.model.device)
+            self.model(ids, kv=self.cache.view([(entry.pages, lo, hi)], hi - lo), last_n=0)
+            seq.result.prefill_forwards += 1
+            self.stats.prefills += 1
+            seq.valid, budget = hi, budget - (hi - lo)
+            self._commit(entry, hi // self.block_size)
 
     def _commit(self, entry: _Entry, hi_block: int) -> None:
         """Blocks [keyed, hi_block) hold final K/V: the prefix cache takes the pages of those it lacks."""
@@ -182,29 +229,28 @@ class Scheduler:
 
     # --- the batched forward -----------------------------------------------------------------------
     def _forward(self, rows: list[_Entry], events: list[Event]) -> None:
-        bs, device = self.block_size, self.model.device
+        bs = self.block_size
         spans = [entry.seq.queries() for entry in rows]
         width = max(hi - start for start, hi in spans)
-        ids = torch.tensor(
-            [[0] * (width - (hi - start)) + e.seq.host[start:hi] for e, (start, hi) in zip(rows, spans)],
-            device=device,
-        )
-        view = self.cache.view([(e.pages, start, hi) for e, (start, hi) in zip(rows, spans)], width)
-        # The step rule's inputs go to the device before the forward: a copy made after it would wait for it.
+        S = max(hi for _, hi in spans)
+        B = len(rows)
+        if self.cuda_graph:  # static shapes: a graph per (batch bucket, width, key bucket)
+            B, S = bucket(B), key_bucket(-(-S // bs)) * bs
         seqs = [entry.seq for entry in rows]
-        frozen = torch.tensor([s.frozen for s in seqs], device=device)  # [B, bs]
-        mask_ids = torch.tensor([s.settings.mask_id for s in seqs], device=device)  # [B]
-        limits = torch.tensor([[s.settings.policy.threshold, s.settings.policy.editing_threshold] for s in seqs],
-                              dtype=torch.float64, device=device)  # [B, 2]  # fmt: skip
-        logits = self.model(ids, kv=view, last_n=bs)  # [B, bs, V]
-        for r, seq in enumerate(seqs):
-            at = seq.allowed_row
-            if at is not None:
-                logits[r, at].masked_fill_(~seq.settings.first_allowed, float("-inf"))
-        update = joint_threshold(ids[:, -bs:], logits, frozen, mask_ids, limits[:, 0], limits[:, 1])
-        finite = update.confidence.isfinite().all(1, keepdim=True).long()  # a NaN or +inf logit makes its softmax NaN
-        packed = torch.cat([update.tokens, update.filled.long(), update.edited.long(), finite], dim=1).tolist()  # one sync
-        for entry, (start, _), row in zip(rows, spans, packed):
+        visible = B == len(rows) and all_visible([(e.pages, a, b) for e, (a, b) in zip(rows, spans)], width, bs)
+        constrained = self.cuda_graph or any(seq.allowed_row is not None for seq in seqs)
+        ints, limits, allowed = self.inputs.fill(rows, spans, width, S, B, constrained)
+        if self.cuda_graph:
+            packed = self._graphed(ints, limits, allowed, width, S, visible)
+        else:  # flash-attn's varlen kernel where it runs and no row needs a mask (shapes follow the rows' ends)
+            varlen = None
+            if llada2.flash_available(self.model.device, self.model.dtype) and not self.model.hops and all(
+                start // bs == (hi - 1) // bs for start, hi in spans
+            ):
+                varlen = Packed.of([(e.pages, a, b) for e, (a, b) in zip(rows, spans)], width, bs, self.model.device)
+            packed = self._device_step(ints, limits, allowed, width, S, visible, varlen)
+        host = packed.tolist()  # the one host read of the step (it waits for the forward)
+        for entry, (start, _), row in zip(rows, spans, host):
             if not row[3 * bs]:
                 entry.seq.fail(BadLogits(f"the model produced NaN or infinite logits at step {entry.seq.result.steps + 1} "
                                          f"(block {entry.seq.b}): its weights or its precision are broken"))  # fmt: skip
@@ -214,3 +260,117 @@ class Scheduler:
         self.stats.steps += 1
         self.stats.rows += len(rows)
         self.stats.batch_max = max(self.stats.batch_max, len(rows))
+
+    def _device_step(self, ints: torch.Tensor, limits: torch.Tensor, allowed: torch.Tensor | None, width: int,
+                     S: int, visible: bool, varlen: Packed | None = None) -> torch.Tensor:  # fmt: skip
+        """One denoising step on the device, from StepInputs' tensors to the packed decisions [B, 3N + 1]
+        (tokens, filled, edited, all-finite): static shapes for static (B, width, S), no host read, so
+        torch.compile traces it whole and a CUDA graph can hold it (tests/test_gpu_step.py checks both)."""
+        bs = self.block_size
+        ids = ints[:, :width]  # [B, T]
+        frozen_n, mask_ids, at = ints[:, width], ints[:, width + 1], ints[:, width + 2]  # [B] each
+        view = PagedView(self.cache, *paged_tables(ints[:, width + 3 :], width, S, bs, visible))
+        view.packed = varlen
+        logits = self.model(ids, kv=view, last_n=bs)  # [B, bs, V]
+        if allowed is not None:
+            constrain_first(logits, allowed, at)
+        frozen = torch.arange(bs, device=ints.device)[None, :] < frozen_n[:, None]  # [B, bs] prompt positions
+        update = joint_threshold(ids[:, -bs:], logits, frozen, mask_ids, limits[:, 0], limits[:, 1])
+        finite = update.confidence.isfinite().all(1, keepdim=True).long()  # a NaN or +inf logit makes its softmax NaN
+        return torch.cat([update.tokens, update.filled.long(), update.edited.long(), finite], dim=1)
+
+    def _graphed(self, ints, limits, allowed, width: int, S: int, visible: bool) -> torch.Tensor:
+        """_device_step replayed from the CUDA graph of its shapes, captured on first use (after two
+        warm-up runs on a side stream, which compile the Triton kernels; they write the same K/V the
+        replay writes). The inputs are StepInputs' persistent buffers: the graph reads them in place."""
+        key = (ints.shape, width, S, visible, allowed is not None)
+        if key not in self.graphs:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._device_step(ints, limits, allowed, width, S, visible)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.graph_pool):
+                out = self._device_step(ints, limits, allowed, width, S, visible)
+            self.graphs[key] = (graph, out)
+        graph, out = self.graphs[key]
+        graph.replay()
+        return out
+
+
+PREFILL_CHUNK = 2048  # default prompt tokens per prefill forward (and per step)
+
+
+def bucket(n: int) -> int:
+    """The batch (or key-block) bucket of n: the next power of two, so a few graphs cover every size."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def key_bucket(n: int) -> int:
+    """The key-block bucket of n blocks: n rounded up to a quarter of its power of two (33 -> 48), so
+    padding keys cost at most a third more attention and a 32k context needs about 30 graphs."""
+    step = max(1, bucket(n) // 4)
+    return -(-n // step) * step
+
+
+def constrain_first(logits: torch.Tensor, allowed: torch.Tensor, at: torch.Tensor) -> None:
+    """logits [B, N, V] in place: row b's position at[b] keeps only the ids allowed[b] [V] allows
+    (token healing); at[b] < 0: row b has no such position. Static shapes, no host read."""
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    pick = at.clamp(min=0)
+    keep = allowed | (at < 0)[:, None]
+    logits[rows, pick] = logits[rows, pick].masked_fill(~keep, float("-inf"))
+
+
+class StepInputs:
+    """The step's inputs in persistent buffers, updated in place: on CUDA a pinned host buffer per shape
+    and its device twin, one non-blocking copy each (the host buffer is rewritten only after the step's
+    host read, by which time the copy has run). Layout of `ints` [B, T + 3 + 2 + pages] int64: the
+    query ids (T), the block's prompt positions, the mask id, the first_allowed position (-1: none),
+    then cache.row_descriptor's [start, end, pages...]; `limits` [B, 2] float32: threshold, editing."""
+
+    def __init__(self, device: torch.device, vocab: int):
+        self.device, self.vocab = torch.device(device), vocab
+        self.pin = self.device.type == "cuda"
+        self.buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _pair(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (name, shape)
+        if key not in self.buffers:
+            host = torch.zeros(shape, dtype=dtype, pin_memory=self.pin)
+            self.buffers[key] = (host, host.to(self.device) if self.device.type != "cpu" else host)
+        return self.buffers[key]
+
+    def fill(self, rows: list[_Entry], spans, width: int, S: int, B: int, constrained: bool):
+        """-> (ints, limits, allowed [B, V] bool or None) on the device, for `rows` padded to B rows (a
+        padding row: queries at 0..width-1 on the scratch page, all frozen, its decisions dropped)."""
+        bs = rows[0].seq.bs
+        n_pages = -(-S // bs)
+        ints_h, ints_d = self._pair("ints", (B, width + 3 + 2 + n_pages), torch.int64)
+        limits_h, limits_d = self._pair("limits", (B, 2), torch.float32)
+        table = []
+        for entry, (start, hi) in zip(rows, spans):
+            seq = entry.seq
+            ids = seq.host[start:hi]
+            at = seq.allowed_row
+            table.append([0] * (width - len(ids)) + ids + [min(max(seq.P - seq.lo, 0), bs), seq.settings.mask_id,
+                          -1 if at is None else at, *row_descriptor(entry.pages, start, hi, n_pages, bs)])  # fmt: skip
+        scratch = row_descriptor([SCRATCH] * n_pages, 0, width, n_pages, bs)
+        pad = [0] * width + [bs, rows[0].seq.settings.mask_id, -1, *scratch]
+        table += [pad] * (B - len(rows))
+        ints_h.copy_(torch.tensor(table))
+        policies = [entry.seq.settings.policy for entry in rows]
+        limits = [[p.threshold, p.editing_threshold] for p in policies] + [[1.0, 1.0]] * (B - len(rows))
+        limits_h.copy_(torch.tensor(limits))
+        if ints_d is not ints_h:
+            ints_d.copy_(ints_h, non_blocking=True)
+            limits_d.copy_(limits_h, non_blocking=True)
+        if not constrained:
+            return ints_d, limits_d, None
+        _, allowed = self._pair("allowed", (B, self.vocab), torch.bool)
+        for r, entry in enumerate(rows):
+            if entry.seq.allowed_row is not None:
+                allowed[r].copy_(entry.seq.settings.first_allowed, non_blocking=True)  # device to device
+        return ints_d, limits_d, allowed

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .launch import Launch
+
 try:
     import triton
     import triton.language as tl
@@ -40,11 +42,16 @@ class Tiles:
     num_stages: int = 3
 
 
-def default_tiles(pairs: int, n_experts: int) -> Tiles:
+def default_tiles(pairs: int, n_experts: int, dtype: torch.dtype = torch.bfloat16) -> Tiles:
     """One tile of pairs per expert when pairs are few (one block: ~1 pair per touched expert), so each
-    expert's weights stream through once; taller tiles for prefills, where experts get many pairs."""
+    expert's weights stream through once; taller tiles for prefills, where experts get many pairs.
+    float32 operands multiply in full float32 (dot_precision: FMA, not tensor cores), whose tiles live
+    in registers: smaller ones, or ptxas spills (kernels/aot.py checks every variant for sm_80/90)."""
     per_expert = pairs / n_experts
     block_m = 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
+    if dtype == torch.float32:
+        block_m = min(block_m, 32)
+        return Tiles(block_m=block_m, block_n=32, block_k=32, num_warps=4 if block_m == 16 else 8)
     return Tiles(block_m=block_m)
 
 
@@ -72,11 +79,21 @@ def expert_tiles(expert_ids: torch.Tensor, n_experts: int, block_m: int) -> tupl
 if triton is not None:
 
     @triton.jit
+    def _as_operand(v, dtype: tl.constexpr, PRECISION: tl.constexpr):
+        """v (float32) as a compiled tl.dot reads an operand of `dtype` at `PRECISION`: TF32 keeps 10 of
+        float32's 23 mantissa bits (rounded to nearest), so the interpreter, which multiplies in full
+        float32, computes the numbers a GPU would. Only the interpreter's UPCAST path calls it."""
+        if dtype == tl.float32 and PRECISION == "tf32":
+            bits = v.to(tl.uint32, bitcast=True)
+            v = ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+        return v
+
+    @triton.jit
     def _fused_moe_gate_up_kernel(
         x_ptr, wg_ptr, wu_ptr, sg_ptr, su_ptr, h_ptr, slot_pair_ptr, tile_expert_ptr,
         P, C, I, A, E,
         stride_xn, stride_we, stride_wi, stride_se, stride_si, stride_hp,
-        HAS_SCALE: tl.constexpr, SCALE: tl.constexpr, UPCAST: tl.constexpr,
+        HAS_SCALE: tl.constexpr, SCALE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):  # fmt: skip
         """h[pair, i] = silu(x[token] . w_gate[e, i]) * (x[token] . w_up[e, i]) for one tile of pairs
@@ -104,11 +121,12 @@ if triton is not None:
                 g = (g.to(tl.float32) * tl.load(sg_ptr + s_at)).to(xa.dtype)
                 u = (u.to(tl.float32) * tl.load(su_ptr + s_at)).to(xa.dtype)
             if UPCAST:
-                acc_g += tl.dot(xa.to(tl.float32), g.to(tl.float32))
-                acc_u += tl.dot(xa.to(tl.float32), u.to(tl.float32))
+                xf = _as_operand(xa.to(tl.float32), xa.dtype, PRECISION)
+                acc_g += tl.dot(xf, _as_operand(g.to(xa.dtype).to(tl.float32), xa.dtype, PRECISION))
+                acc_u += tl.dot(xf, _as_operand(u.to(xa.dtype).to(tl.float32), xa.dtype, PRECISION))
             else:
-                acc_g = tl.dot(xa, g.to(xa.dtype), acc_g)
-                acc_u = tl.dot(xa, u.to(xa.dtype), acc_u)
+                acc_g = tl.dot(xa, g.to(xa.dtype), acc_g, input_precision=PRECISION)
+                acc_u = tl.dot(xa, u.to(xa.dtype), acc_u, input_precision=PRECISION)
         h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # silu(g) * u, in float32
         tl.store(h_ptr + pairs[:, None].to(tl.int64) * stride_hp + cols[None, :],
                  h.to(h_ptr.dtype.element_ty), mask=live[:, None] & (cols[None, :] < I))  # fmt: skip
@@ -118,7 +136,7 @@ if triton is not None:
         h_ptr, wd_ptr, sd_ptr, route_ptr, out_ptr, slot_pair_ptr, tile_expert_ptr,
         P, C, I, E,
         stride_hp, stride_we, stride_wc, stride_se, stride_sc, stride_op,
-        HAS_SCALE: tl.constexpr, SCALE: tl.constexpr, UPCAST: tl.constexpr,
+        HAS_SCALE: tl.constexpr, SCALE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):  # fmt: skip
         """out[pair, c] = route[pair] * (h[pair] . w_down[e, c]) in float32, for one tile of pairs of
@@ -142,9 +160,10 @@ if triton is not None:
                 s_at = e * stride_se + (pid_n * BLOCK_N // SCALE) * stride_sc + k0 // SCALE
                 w = (w.to(tl.float32) * tl.load(sd_ptr + s_at)).to(ha.dtype)
             if UPCAST:
-                acc += tl.dot(ha.to(tl.float32), w.to(tl.float32))
+                acc += tl.dot(_as_operand(ha.to(tl.float32), ha.dtype, PRECISION),
+                              _as_operand(w.to(ha.dtype).to(tl.float32), ha.dtype, PRECISION))  # fmt: skip
             else:
-                acc = tl.dot(ha, w.to(ha.dtype), acc)
+                acc = tl.dot(ha, w.to(ha.dtype), acc, input_precision=PRECISION)
         route = tl.load(route_ptr + rows, mask=live, other=0.0).to(tl.float32)
         tl.store(out_ptr + rows[:, None] * stride_op + cols[None, :], acc * route[:, None],
                  mask=live[:, None] & (cols[None, :] < C))  # fmt: skip
@@ -159,6 +178,47 @@ def check_scales(w: torch.Tensor, scale: torch.Tensor | None, name: str) -> None
         raise ValueError(f"{name}: block scales must be float32 {want}, got {scale.dtype} {tuple(scale.shape)}")
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """What a compiled tl.dot multiplies operands of `dtype` in: float32 is meant as float32 ("ieee":
+    Triton's default on CUDA is TF32, which keeps 10 mantissa bits and would part the kernel from its
+    reference by ~1e-2); half types go to the tensor cores as they are (the name is then unread)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def operand_eps(dtype: torch.dtype, precision: str | None = None) -> float:
+    """The relative rounding of one GEMM operand of `dtype` at `precision` (tests derive tolerances
+    from it): TF32 rounds float32 operands to fp16's 10 mantissa bits."""
+    precision = precision or dot_precision(dtype)
+    if dtype == torch.float32 and precision == "tf32":
+        return torch.finfo(torch.float16).eps
+    return torch.finfo(dtype).eps
+
+
+def gate_up_launch(x, w_gate, w_up, sg, su, h, slot_pair, tile_expert, A: int, has_scale: bool, tiles: Tiles,
+                   precision: str) -> Launch:  # fmt: skip
+    """Kernel 1's grid and arguments, as fused_moe passes them (kernels/aot.py compiles the same)."""
+    E, I, C = w_gate.shape
+    return Launch(_fused_moe_gate_up_kernel, (tile_expert.shape[0], triton.cdiv(I, tiles.block_n)),
+                  (x, w_gate, w_up, sg, su, h, slot_pair, tile_expert, h.shape[0], C, I, A, E,
+                   x.stride(0), w_gate.stride(0), w_gate.stride(1), sg.stride(0), sg.stride(1), h.stride(0)),
+                  _meta(has_scale, tiles, precision))  # fmt: skip
+
+
+def down_launch(h, w_down, sd, route, out_pairs, slot_pair, tile_expert, has_scale: bool, tiles: Tiles,
+                precision: str) -> Launch:  # fmt: skip
+    E, C, I = w_down.shape
+    return Launch(_fused_moe_down_kernel, (tile_expert.shape[0], triton.cdiv(C, tiles.block_n)),
+                  (h, w_down, sd, route, out_pairs, slot_pair, tile_expert, h.shape[0], C, I, E,
+                   h.stride(0), w_down.stride(0), w_down.stride(1), sd.stride(0), sd.stride(1), out_pairs.stride(0)),
+                  _meta(has_scale, tiles, precision))  # fmt: skip
+
+
+def _meta(has_scale: bool, tiles: Tiles, precision: str) -> dict:
+    return {"HAS_SCALE": has_scale, "SCALE": SCALE_BLOCK, "UPCAST": INTERPRETED, "PRECISION": precision,
+            "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k,
+            "num_warps": tiles.num_warps, "num_stages": tiles.num_stages}  # fmt: skip
+
+
 def fused_moe(
     x: torch.Tensor,  # [N, C] float32, float16 or bfloat16
     expert_ids: torch.Tensor,  # [N, A] int
@@ -169,11 +229,13 @@ def fused_moe(
     scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # gate/up/down block scales
     tiles: Tiles | None = None,
     activations: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    precision: str | None = None,  # tl.dot's input_precision; None: dot_precision(x.dtype)
 ) -> torch.Tensor:
     """sum over a of weights[n, a] * SwiGLU_{expert_ids[n, a]}(x[n]) -> [N, C] in x's dtype. Weights
     are x's dtype, or (with `scales`, float32 [E, ceil(out/128), ceil(in/128)] each) FP8 or any float
     stored per 128x128 tile as weight / scale. `activations`: what each GEMM's input goes through first
-    (the model's FP8 rule rounds x and h per token as an FP8 matmul would), None: nothing."""
+    (the model's FP8 rule rounds x and h per token as an FP8 matmul would), None: nothing. Two launches
+    and no host sync."""
     if triton is None:
         raise RuntimeError("fused_moe needs triton (pip install triton); fused_moe_reference needs none")
     N, C = x.shape
@@ -188,35 +250,27 @@ def fused_moe(
                          f"do not make [E, I, {C}] / [E, {C}, I]")  # fmt: skip
     if scales is None and not w_gate.dtype == w_up.dtype == w_down.dtype == x.dtype:
         raise ValueError(f"weights ({w_gate.dtype}) must be x's dtype ({x.dtype}) unless block scales are given")
-    tiles = tiles or default_tiles(N * A, E)
+    tiles = tiles or default_tiles(N * A, E, x.dtype)
     if scales is not None:
         for w, s, name in zip((w_gate, w_up, w_down), scales, ("gate", "up", "down")):
             check_scales(w, s, name)
         if SCALE_BLOCK % tiles.block_n or SCALE_BLOCK % tiles.block_k:
             raise ValueError(f"tiles {tiles}: BLOCK_N and BLOCK_K must divide the {SCALE_BLOCK}-wide scale blocks")
+    precision = precision or dot_precision(x.dtype)
     if activations is not None:
         x = activations(x)
     x, w_gate, w_up, w_down = (t.contiguous() for t in (x, w_gate, w_up, w_down))
     P = N * A
     slot_pair, tile_expert = expert_tiles(expert_ids, E, tiles.block_m)
-    G = tile_expert.shape[0]
     sg, su, sd = (s.contiguous() for s in scales) if scales is not None else (w_gate,) * 3  # unread when no scales
-    common = dict(HAS_SCALE=scales is not None, SCALE=SCALE_BLOCK, UPCAST=INTERPRETED, BLOCK_M=tiles.block_m,
-                  BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
-                  num_stages=tiles.num_stages)  # fmt: skip
+    has_scale = scales is not None
     h = torch.empty(P, I, dtype=x.dtype, device=x.device)  # [P, I]
-    _fused_moe_gate_up_kernel[(G, triton.cdiv(I, tiles.block_n))](
-        x, w_gate, w_up, sg, su, h, slot_pair, tile_expert, P, C, I, A, E,
-        x.stride(0), w_gate.stride(0), w_gate.stride(1), sg.stride(0), sg.stride(1), h.stride(0), **common,
-    )  # fmt: skip
+    gate_up_launch(x, w_gate, w_up, sg, su, h, slot_pair, tile_expert, A, has_scale, tiles, precision).run()
     if activations is not None:
         h = activations(h)
     out_pairs = torch.zeros(P, C, dtype=torch.float32, device=x.device)  # [P, C]; zeros: padded pairs stay 0
     route = weights.contiguous().view(P)
-    _fused_moe_down_kernel[(G, triton.cdiv(C, tiles.block_n))](
-        h, w_down, sd, route, out_pairs, slot_pair, tile_expert, P, C, I, E,
-        h.stride(0), w_down.stride(0), w_down.stride(1), sd.stride(0), sd.stride(1), out_pairs.stride(0), **common,
-    )  # fmt: skip
+    down_launch(h, w_down, sd, route, out_pairs, slot_pair, tile_expert, has_scale, tiles, precision).run()
     return out_pairs.view(N, A, C).sum(1).to(x.dtype)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .launch import Launch
+
 try:
     import triton
     import triton.language as tl
@@ -21,30 +23,34 @@ if triton is not None:
     @triton.jit
     def _row_confidence_kernel(logits_ptr, mask_id_ptr, conf_ptr, guess_ptr, V, N, stride_row,
                                BLOCK_V: tl.constexpr):  # fmt: skip
-        """Row r of logits [R, V]: conf[r] = max softmax probability, guess[r] = its token (the first
-        on a tie), the row's mask id excluded. Each lane keeps its own running max, sum of exp(l - max)
-        and first index of the max; the lanes are merged once at the end."""
+        """Row r of logits [R, V]: guess[r] = the greedy token, the row's mask id excluded (the first
+        on a tie), conf[r] = its softmax probability over the whole row, the mask included (the
+        reference's confidence). Each lane keeps its running max, sum of exp(l - max), best non-mask
+        value and its first index; the lanes are merged once at the end."""
         row = tl.program_id(0)
         mask_id = tl.load(mask_id_ptr + row // N)
         base = logits_ptr + row.to(tl.int64) * stride_row
         lanes = tl.arange(0, BLOCK_V)
         m = tl.full((BLOCK_V,), float("-inf"), tl.float32)
         s = tl.zeros((BLOCK_V,), tl.float32)
+        best = tl.full((BLOCK_V,), float("-inf"), tl.float32)
         first = tl.zeros((BLOCK_V,), tl.int32)
         for v0 in range(0, V, BLOCK_V):
             vs = v0 + lanes
             x = tl.load(base + vs, mask=vs < V, other=float("-inf")).to(tl.float32)
-            x = tl.where(vs == mask_id, float("-inf"), x)
             bigger = x > m
             gap = x - tl.where(x == float("-inf"), 0.0, m)  # never (-inf) - (-inf): NaN, and a warning
             t = tl.exp(-tl.abs(gap))  # exp(m - x) when x is the new max, exp(x - m) otherwise: one exp
             s = tl.where(x == float("-inf"), s, tl.where(bigger, s * t + 1.0, s + t))
-            first = tl.where(bigger, vs, first)
             m = tl.maximum(m, x)
+            guess = tl.where(vs == mask_id, float("-inf"), x)
+            first = tl.where(guess > best, vs, first)
+            best = tl.maximum(best, guess)
         top = tl.max(m, axis=0)
         total = tl.sum(tl.where(m == float("-inf"), 0.0, s * tl.exp(m - top)), axis=0)
-        tl.store(conf_ptr + row, 1.0 / total)  # exp(top - top) / total
-        tl.store(guess_ptr + row, tl.min(tl.where(m == top, first, V), axis=0).to(tl.int64))
+        winner = tl.max(best, axis=0)
+        tl.store(conf_ptr + row, tl.exp(winner - top) / total)
+        tl.store(guess_ptr + row, tl.min(tl.where(best == winner, first, V), axis=0).to(tl.int64))
 
     @triton.jit
     def _joint_threshold_kernel(
@@ -86,12 +92,28 @@ def row_confidence(logits: torch.Tensor, mask_ids: torch.Tensor, block_v: int | 
     rows = logits.reshape(B * N, V)
     if rows.stride(1) != 1:
         rows = rows.contiguous()
-    block_v = block_v or min(2048, triton.next_power_of_2(V))
     conf = torch.empty(B, N, dtype=torch.float32, device=logits.device)
     guess = torch.empty(B, N, dtype=torch.int64, device=logits.device)
-    _row_confidence_kernel[(B * N,)](rows, mask_ids.contiguous(), conf, guess, V, N, rows.stride(0),
-                                     BLOCK_V=block_v, num_warps=8 if block_v >= 2048 else 4)  # fmt: skip
+    row_confidence_launch(rows, mask_ids.contiguous(), conf, guess, N, block_v).run()
     return conf, guess
+
+
+def row_confidence_launch(rows, mask_ids, conf, guess, N: int, block_v: int | None = None) -> Launch:
+    """The row kernel's grid and arguments, as row_confidence passes them (kernels/aot.py compiles the
+    same): rows [R, V] with unit last stride, mask_ids [B], conf / guess [R]."""
+    V = rows.shape[1]
+    block_v = block_v or min(2048, triton.next_power_of_2(V))
+    return Launch(_row_confidence_kernel, (rows.shape[0],), (rows, mask_ids, conf, guess, V, N, rows.stride(0)),
+                  {"BLOCK_V": block_v, "num_warps": 8 if block_v >= 2048 else 4})  # fmt: skip
+
+
+def decisions_launch(conf, guess, tokens, frozen, mask_ids, fill_above, edit_above, out, filled, edited) -> Launch:
+    """The decisions kernel's grid and arguments: every [B, N] tensor contiguous, frozen int8,
+    mask_ids int64 [B], the thresholds float32 [B]."""
+    B, N = tokens.shape
+    return Launch(_joint_threshold_kernel, (B,),
+                  (conf, guess, tokens, frozen, mask_ids, fill_above, edit_above, out, filled, edited, N),
+                  {"BLOCK_N": triton.next_power_of_2(max(N, 16))})  # fmt: skip
 
 
 def joint_threshold_step(
@@ -119,18 +141,18 @@ def joint_threshold_step(
     filled = torch.empty(B, N, dtype=torch.int8, device=device)
     edited = torch.empty(B, N, dtype=torch.int8, device=device)
     fill_above, edit_above = (torch.as_tensor(t, dtype=torch.float32, device=device) for t in (thresholds, editing))
-    _joint_threshold_kernel[(B,)](
-        conf, guess, tokens, frozen.to(torch.int8).contiguous(), mask_ids.to(torch.int64).contiguous(),
-        fill_above, edit_above, out, filled, edited, N, BLOCK_N=triton.next_power_of_2(max(N, 16)),
-    )  # fmt: skip
+    decisions_launch(conf, guess, tokens, frozen.to(torch.int8).contiguous(), mask_ids.to(torch.int64).contiguous(),
+                     fill_above, edit_above, out, filled, edited).run()  # fmt: skip
     return out, filled.bool(), edited.bool(), conf
 
 
 def row_confidence_reference(logits: torch.Tensor, mask_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The plain-PyTorch definition (it materialises the [B, N, V] softmax the kernel avoids)."""
-    B, N, V = logits.shape
-    work = logits.float().scatter(-1, mask_ids.view(B, 1, 1).expand(B, N, 1), float("-inf"))
-    return work.softmax(-1).max(-1)
+    """The plain-PyTorch definition (it materialises the [B, N, V] softmax the kernel avoids): the
+    argmax without the mask, its probability with it."""
+    B, N, _ = logits.shape
+    probs = logits.float().softmax(-1)
+    token = logits.float().scatter(-1, mask_ids.view(B, 1, 1).expand(B, N, 1), float("-inf")).argmax(-1)
+    return probs.gather(-1, token[..., None])[..., 0], token
 
 
 def joint_threshold_reference(tokens, logits, frozen, mask_ids, thresholds, editing):

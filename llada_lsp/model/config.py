@@ -12,6 +12,27 @@ from transformers import AutoConfig, PretrainedConfig
 from .files import MAY_BE_ZERO, SIZE_KEYS, check_sizes  # noqa: F401
 
 
+# Keys this network does not read but inclusionAI's reference and SGLang's LLaDA2MoeModelLM do, with the
+# values of the released checkpoints: every config.json the project writes carries them. SGLang picks
+# its model class by `architectures`, rejects a `hidden_act` other than silu when it is missing, builds
+# `Dropout(embedding_dropout)`, and without `moe_router_enable_expert_bias` silently drops the router's
+# expert bias (the weight names all match, so nothing else would tell).
+READ_BY_OTHERS = {
+    "architectures": ["LLaDA2MoeModelLM"],
+    "hidden_act": "silu",
+    "moe_router_enable_expert_bias": True,
+    "embedding_dropout": 0.0,
+    "attention_dropout": 0.0,
+    "output_dropout": 0.0,
+    "router_dtype": "fp32",
+    "norm_head": False,
+    "use_rmsnorm": True,
+    "initializer_range": 0.02,
+    "output_router_logits": False,
+    "use_sliding_window": False,
+}
+
+
 class LLaDA2Config(PretrainedConfig):
     """Defaults are those of LLaDA2.1-mini; every key of the real `config.json` is accepted and
     unknown ones are kept by `PretrainedConfig` and ignored. `sliding_window` is ignored on purpose:
@@ -80,6 +101,8 @@ class LLaDA2Config(PretrainedConfig):
         self.mask_token_id = mask_token_id
         # Real configs carry `rope_scaling: null`; popped so transformers does not warn about it.
         self.unsupported_rope_scaling = kwargs.pop("rope_scaling", None)
+        for key, value in READ_BY_OTHERS.items():  # a checkpoint's own values win; copies: no shared list
+            kwargs.setdefault(key, list(value) if isinstance(value, list) else value)
         super().__init__(
             eos_token_id=eos_token_id,
             pad_token_id=pad_token_id,
@@ -104,6 +127,8 @@ class LLaDA2Config(PretrainedConfig):
             raise ValueError("use_bias/use_qkv_bias: LLaDA2 has no biases; checkpoints with biases are not supported")
         if self.tie_word_embeddings:
             raise ValueError("tie_word_embeddings: LLaDA2 has an untied lm_head")
+        if getattr(self, "hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act: only 'silu' (SwiGLU) is supported, got {self.hidden_act!r}")
         if self.score_function != "sigmoid":
             raise ValueError(f"score_function: only 'sigmoid' routing is supported, got {self.score_function!r}")
         if self.num_experts % self.n_group:

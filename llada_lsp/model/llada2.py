@@ -17,9 +17,19 @@ from . import fp8
 from .config import LLaDA2Config
 
 try:  # optional CUDA fast path, chosen at run time
-    from flash_attn import flash_attn_func
+    from flash_attn import flash_attn_func, flash_attn_varlen_func
 except ImportError:  # pragma: no cover - depends on the machine
-    flash_attn_func = None
+    flash_attn_func = flash_attn_varlen_func = None
+
+
+def flash_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether flash-attn runs for activations on `device` in `dtype`: installed, CUDA, a half type."""
+    half = dtype in (torch.float16, torch.bfloat16)
+    return flash_attn_func is not None and torch.device(device).type == "cuda" and half
+
+
+def flash_ok(x: torch.Tensor) -> bool:
+    return flash_available(x.device, x.dtype)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -116,9 +126,16 @@ class Attention(nn.Module):
         q = apply_rope(self.query_layernorm(q).transpose(1, 2), cos, sin)  # [B, H, T, D]
         k = apply_rope(self.key_layernorm(k).transpose(1, 2), cos, sin)  # [B, K, T, D]
         v = v.transpose(1, 2)
+        packed = getattr(kv, "packed", None)
+        if packed is not None and flash_ok(x):  # a batched step whose rows need no mask: varlen, no padding keys
+            kp, vp = kv.update_packed(self.layer_idx, k, v)  # [sum of ends, K, D]
+            qp = q.transpose(1, 2).reshape(B * T, self.n_head, self.head_dim)[packed.query_rows]
+            got = flash_attn_varlen_func(qp, kp, vp, packed.cu_q, packed.cu_k, packed.max_q, packed.max_k, causal=False)
+            out = got.new_zeros(B * T, self.n_head, self.head_dim).index_copy_(0, packed.query_rows, got)
+            return self.dense(out.view(B, T, -1))
         if kv is not None:
             k, v = kv.update(self.layer_idx, k, v)
-        if allow is None and flash_attn_func is not None and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
+        if allow is None and flash_ok(x):
             out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=False)
             out = out.reshape(B, T, -1)
         else:
@@ -177,15 +194,36 @@ class Experts(nn.Module):
         self.w_up = nn.Parameter(torch.empty(n_experts, inner, hidden))  # [E, I, C]
         self.w_down = nn.Parameter(torch.empty(n_experts, hidden, inner))  # [E, C, I]
 
+    # Experts per dense chunk; None: all at once (plain weights are read in place, nothing is copied).
+    dense_chunk: int | None = None
+
     def dense(self, x, expert_ids, weights):
         """Every expert on every token, weighted by a mostly-zero [N, E] table: static shapes and no
-        host sync, cheapest when N is one block (most experts are touched anyway)."""
-        table = torch.zeros(x.shape[0], self.w_gate.shape[0], dtype=x.dtype, device=x.device)
-        table.scatter_(1, expert_ids, weights)  # [N, E]
-        g = torch.einsum("nc,eic->nei", x, self.w_gate)
-        u = torch.einsum("nc,eic->nei", x, self.w_up)
-        h = F.silu(g) * u * table[..., None]
-        return torch.einsum("nei,eci->nc", h, self.w_down)
+        host sync, cheapest when N is one block (most experts are touched anyway). Each weight is read
+        in place as a matmul operand (no permuted copy of w_down: 512 MiB per MoE layer at mini shapes)."""
+        N, C = x.shape
+        E, ct = self.w_gate.shape[0], compute_dtype(x.dtype)
+        table = torch.zeros(N, E, dtype=ct, device=x.device).scatter_(1, expert_ids, weights.to(ct))  # [N, E]
+        out = torch.zeros(N, C, dtype=ct, device=x.device)
+        step = self.dense_chunk or E
+        for e0 in range(0, E, step):
+            w_gate, w_up, w_down = self.dense_weights(e0, min(E, e0 + step), x.dtype)
+            n, inner = w_gate.shape[:2]
+            xa = self.activations(x)
+            g = (xa @ w_gate.reshape(n * inner, C).T).view(N, n, inner)  # [N, e, I]
+            u = (xa @ w_up.reshape(n * inner, C).T).view(N, n, inner)
+            h = self.activations((F.silu(g) * u).reshape(N * n, inner)).view(N, n, inner)
+            down = torch.bmm(h.transpose(0, 1), w_down.transpose(1, 2))  # [e, N, C]: w_down^T as a view
+            out += (down.to(ct) * table[:, e0 : e0 + n].T[:, :, None]).sum(0)  # routing weights after, as sparse
+        return out.to(x.dtype)
+
+    def dense_weights(self, e0: int, e1: int, dtype: torch.dtype):
+        """Experts [e0, e1)'s (gate, up, down) as the dense path multiplies them."""
+        return self.w_gate[e0:e1], self.w_up[e0:e1], self.w_down[e0:e1]
+
+    def activations(self, x: torch.Tensor) -> torch.Tensor:
+        """What a GEMM's input goes through first (FP8Experts rounds it per token)."""
+        return x
 
     def sparse(self, x, expert_ids, weights):
         """Tokens grouped by expert; one matmul chain per expert that has tokens."""
@@ -228,9 +266,16 @@ class FP8Experts(Experts):
             setattr(self, name, nn.Parameter(weight, requires_grad=False))
             setattr(self, f"{name}_scale_inv", nn.Parameter(scale, requires_grad=False))
 
-    def dense(self, x, expert_ids, weights):
-        """Dequantizing every expert for one block costs more than looping over those with tokens."""
-        return self.sparse(x, expert_ids, weights)
+    # Dequantized a chunk at a time: 16 experts of mini's gate/up/down in bf16 are 96 MiB, all 256 1.5 GiB.
+    dense_chunk = 16
+
+    def dense_weights(self, e0: int, e1: int, dtype: torch.dtype):
+        """Experts [e0, e1) dequantized to `dtype` (static shapes, no host sync: a CUDA graph holds it)."""
+        return tuple(fp8.dequantize(getattr(self, name)[e0:e1], getattr(self, f"{name}_scale_inv")[e0:e1], dtype)
+                     for name in ("w_gate", "w_up", "w_down"))  # fmt: skip
+
+    def activations(self, x: torch.Tensor) -> torch.Tensor:
+        return fp8.quantized_activations(x)
 
     def fused(self, x, expert_ids, weights):
         """The fused kernel reads the FP8 tiles with their scales; its activations are rounded per token
@@ -260,13 +305,20 @@ class SparseMoE(nn.Module):
         self.force: str | None = None  # "dense" / "sparse" / "fused" for tests and benchmarks; None = auto
 
     def mode(self, x: torch.Tensor) -> str:
-        """Which Experts path runs for x [B, T, C]: `force`, else the kernel where the switch allows it,
-        else dense for one small block on a GPU, else sparse."""
+        """Which Experts path runs for x [B, T, C]: `force`, else the kernel where the switch allows it
+        (for these weights on this GPU), else the torch path."""
         if self.force:
             return self.force
-        if kernels.enabled(x):
+        if kernels.enabled(x, self.experts.w_gate.dtype):
             return "fused"
-        return "dense" if x.is_cuda and x.shape[0] * x.shape[1] <= self.dense_max_tokens else "sparse"
+        return self.torch_mode(x)
+
+    def torch_mode(self, x: torch.Tensor) -> str:
+        """Dense for one small block on a GPU, else sparse; dense whatever the size while a CUDA graph
+        is being captured (the sparse path reads the expert counts back to the host)."""
+        if x.is_cuda and (x.shape[0] * x.shape[1] <= self.dense_max_tokens or torch.cuda.is_current_stream_capturing()):
+            return "dense"
+        return "sparse"
 
     def forward(self, x):
         B, T, C = x.shape
@@ -274,7 +326,10 @@ class SparseMoE(nn.Module):
         expert_ids, weights = self.gate(flat)
         if self.training:  # per-expert load, read by the training loop's bias balancing
             self.load = torch.bincount(expert_ids.flatten(), minlength=self.experts.w_gate.shape[0])
-        out = getattr(self.experts, self.mode(x))(flat, expert_ids, weights)
+        mode = self.mode(x)
+        out = getattr(self.experts, mode)(flat, expert_ids, weights)
+        if out is None:  # the fused kernel does not compile on this machine (kernels logged it once)
+            out = getattr(self.experts, self.torch_mode(x))(flat, expert_ids, weights)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
         return out.view(B, T, C)
