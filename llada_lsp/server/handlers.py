@@ -72,10 +72,22 @@ async def completion(ls: LladaServer, params: types.CompletionParams) -> types.C
     label = (word + text).strip().splitlines()[0]
     item = types.CompletionItem(
         label=label, filter_text=word + text.split("\n", 1)[0], kind=types.CompletionItemKind.Text, detail="llada",
-        text_edit=types.TextEdit(types.Range(start, end), word + text),
+        text_edit=_edit(ls, start, at, end, word + text),
         insert_text_format=types.InsertTextFormat.PlainText, sort_text="0",
     )  # fmt: skip
     return types.CompletionList(is_incomplete=True, items=[item])
+
+
+def _edit(ls: LladaServer, start: types.Position, at: types.Position, end: types.Position,
+          text: str) -> types.TextEdit | types.InsertReplaceEdit:  # fmt: skip
+    """The item's edit from the word's start: to `end` (the word's end, where the cursor is inside a
+    word). Clients that take an InsertReplaceEdit (lsp-mode) replace to `end` by default, and read a
+    plain TextEdit's range as ending at the cursor; the others get the TextEdit."""
+    document = ls.client_capabilities.text_document
+    item = document and document.completion and document.completion.completion_item
+    if end != at and item and item.insert_replace_support:
+        return types.InsertReplaceEdit(text, insert=types.Range(start, at), replace=types.Range(start, end))
+    return types.TextEdit(types.Range(start, end), text)
 
 
 def _still_loading(ls: LladaServer, method: str) -> bool:

@@ -52,6 +52,14 @@
         (unless server (error "eglot did not connect"))
         (setq proc (jsonrpc--process server))
         (push (cons 'capabilities (eglot--server-capable :completionProvider)) result)
+        ;; The model loads in the background: a completion asked while it loads rightly gets nothing at
+        ;; once (isIncomplete), so wait until the server says it is ready.
+        (let ((deadline (+ (float-time) timeout)))
+          (while (not (equal "ready" (plist-get (jsonrpc-request server :workspace/executeCommand
+                                                                 '(:command "llada.status"))
+                                                :state)))
+            (when (> (float-time) deadline) (error "the model did not load within %s s" timeout))
+            (sleep-for 0.2)))
         ;; The cursor right after the partial word at the end of LINE.
         (goto-char (point-min))
         (forward-line (1- line))

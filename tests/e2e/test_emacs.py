@@ -109,17 +109,23 @@ def test_eglot_completes_the_word_typed(tmp_path: Path):
 
 # lsp-mode: the cursor inside the word `return` (after `re`), and a class whose first two lines the
 # embedded model rewrites.
+# The embedded model rewrites line 6 (`a - b` -> `a + b`) in this file, so the rewrite has a change to apply.
 LSP_MODE_SOURCE = (
-    "def total(values: list[float]) -> float:\n"
+    "def add(a, b):\n"
+    "    return a + b\n"
+    "\n"
+    "\n"
+    "def sub(a, b):\n"
+    "    return a - b\n"
+    "\n"
+    "print(add(1, 2))\n"
+    "\n"
+    "\n"
+    "class T:\n"
     "    return su\n"
-    "\n"
-    "\n"
-    "class Point:\n"
-    "    def __init__(self, x, y):\n"
-    "        self.x = x\n"
 )
-MID_WORD_LINE, MID_WORD_COLUMN = 2, len("    re")
-REWRITE_LINES = (5, 6)
+MID_WORD_LINE, MID_WORD_COLUMN = 12, len("    re")
+REWRITE_LINES = (6, 6)
 
 
 @pytest.fixture(scope="module")
