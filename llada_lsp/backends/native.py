@@ -96,8 +96,11 @@ def load(spec: ModelSpec, report: Report, cancelled: Callable[[], bool] | None =
     if codec.special.mask is None and model.config.mask_token_id is None:
         raise CheckpointError(f"{spec.name}: the tokenizer has no <|mask|> token")
     report("warming up", 90)
-    engine = Engine(model, cache_mb=spec.cache_mb, prefix_cache=spec.prefix_cache, max_batch=spec.max_batch,
-                    max_queue=spec.max_queue)  # fmt: skip
+    try:
+        engine = Engine(model, cache_mb=spec.cache_mb, prefix_cache=spec.prefix_cache, max_batch=spec.max_batch,
+                        max_queue=spec.max_queue, cuda_graph=spec.cuda_graph, prefill_chunk=spec.prefill_chunk)  # fmt: skip
+    except ValueError as err:  # settings the model's placement cannot take (CUDA graphs off CUDA)
+        raise CheckpointError(f"{spec.name}: {err}") from None
     # First-call costs (allocations, kernel selection) are paid here, not on the first keystroke.
     engine.generation(codec.encode("def f():\n"), 1, "speed", mask_id=codec.special.mask).run()
     # ... and are not served work: `engine status` counts batches and cache hits from here.

@@ -56,7 +56,8 @@ async def serve(args: argparse.Namespace, address: Address, token: str | None) -
         return 1
     else:
         service.load(ModelSpec(args.model, args.device, args.dtype, max(1, args.threads), args.max_batch,
-                               args.cache_mb, args.prefix_cache, args.max_queue, args.quantize, args.devices))  # fmt: skip
+                               args.cache_mb, args.prefix_cache, args.max_queue, args.quantize, args.devices,
+                               args.cuda_graph, args.prefill_chunk))  # fmt: skip
         logger.info("listening on %s", listener.address)
         await stop.wait()
         logger.info("stopping")
@@ -132,6 +133,12 @@ def parser() -> argparse.ArgumentParser:
                           help="memory for keys and values, in 32-token blocks, shared by the running requests "
                           "and the prefix cache (default: 256 on the CPU, a quarter of the free memory on a "
                           "GPU; never less than one request of the model's full length)")  # fmt: skip
+    batching.add_argument("--prefill-chunk", type=_positive, metavar="TOKENS",
+                          help="most prompt tokens per prefill forward, in whole blocks, interleaved with the "
+                          "other requests' steps (default: 2048)")  # fmt: skip
+    batching.add_argument("--cuda-graph", action="store_true",
+                          help="replay each denoising step from a CUDA graph per batch size (CUDA, the whole model "
+                          "on one device; off by default until measured: docs/gpu.md)")  # fmt: skip
     batching.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                           help="never reuse the keys and values of prompt blocks an earlier request computed")
     remote = ap.add_argument_group("where the model runs")

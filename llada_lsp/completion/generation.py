@@ -33,6 +33,8 @@ class ModelSpec:
     max_queue: int = 64  # sequences that may wait for a row; more are refused as busy
     quantize: str | None = None  # "fp8": routed experts in FP8 with 128x128 block scales
     devices: tuple[str, ...] | None = None  # a model split over several devices (instead of `device`)
+    cuda_graph: bool = False  # each denoising step replayed from a CUDA graph per batch bucket (CUDA only)
+    prefill_chunk: int | None = None  # most prompt tokens per prefill forward (None: the engine's default)
 
     @property
     def name(self) -> str:
