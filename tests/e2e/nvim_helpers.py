@@ -160,6 +160,12 @@ class Editor:
             ),
             "the llada server to attach",
         )
+        # While the model loads the server answers completions at once with nothing (a client's next
+        # keystroke asks again): a test types once, so it starts once the load has ended.
+        wait_for(
+            lambda: self.lua("return require('llada').statusline()") not in ("llada: starting", "llada: loading"),
+            "the model to load",
+        )
 
     def lines(self) -> list[str]:
         return self.nvim.current.buffer[:]

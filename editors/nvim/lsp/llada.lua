@@ -19,5 +19,8 @@ return {
   capabilities = {
     -- Opt in to `llada/draft` notifications: the live draft of an inline completion per denoising step.
     experimental = { lladaDrafts = true },
+    -- Neovim applies versioned `documentChanges` (vim.lsp.util.apply_workspace_edit) but does not say
+    -- so; saying it gets the rewrite's edit with its version, which the review checks.
+    workspace = { workspaceEdit = { documentChanges = true } },
   },
 }

@@ -442,7 +442,8 @@ function M.setup(opts)
     filetypes = cfg.filetypes,
     root_markers = cfg.root_markers, -- read by the root_dir of lsp/llada.lua
     init_options = config.init_options(cfg),
-    capabilities = { experimental = { lladaDrafts = true } },
+    -- As lsp/llada.lua: drafts, and the versioned documentChanges Neovim applies without saying so.
+    capabilities = { experimental = { lladaDrafts = true }, workspace = { workspaceEdit = { documentChanges = true } } },
     on_init = clear_on_failure,
     handlers = {
       ['llada/draft'] = draft.on_draft,
