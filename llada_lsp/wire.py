@@ -51,6 +51,7 @@ class Hello(Message):
     version: int
     client: str  # who is speaking, for the service's log and status
     token: str | None = None  # required by a service that listens on TCP
+    totals: bool = False  # asks for the service's totals in status (granted to its own user on a Unix socket)
 
 
 @dataclass(frozen=True)
@@ -183,9 +184,11 @@ def decode(body: bytes) -> Message:
     if cls is None:
         raise WireError(f"unknown message type {kind[:40]!r}")
     hints = _HINTS[cls]
-    unknown = [repr(name) for name in data if name not in hints]
-    if unknown and not cls.open:
-        raise WireError(f"{cls.type}: unknown fields {', '.join(sorted(unknown))}")
+    if not cls.open and any(name not in hints for name in data):
+        unknown = [name for name in data if name not in hints]
+        named = ", ".join(repr(name[:40]) for name in unknown[:3])  # str or bytes: strict_map_key
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        raise WireError(f"{cls.type}: unknown fields {named}{more}")
     data = {name: value for name, value in data.items() if name in hints}
     for name, value in data.items():
         if not _conforms(value, hints[name]):
