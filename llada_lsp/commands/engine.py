@@ -58,7 +58,14 @@ async def serve(args: argparse.Namespace, address: Address, token: str | None) -
         service.load(ModelSpec(args.model, args.device, args.dtype, max(1, args.threads), args.max_batch,
                                args.cache_mb, args.prefix_cache, args.max_queue, args.quantize, args.devices))  # fmt: skip
         logger.info("listening on %s", listener.address)
+
+        def lost(why: str) -> None:
+            logger.error("%s", why)
+            stop.set()
+
+        watch = asyncio.create_task(listener.watch(lost))
         await stop.wait()
+        watch.cancel()
         logger.info("stopping")
     finally:
         listener.close()  # first: no new connection while the others close
@@ -71,7 +78,7 @@ async def serve(args: argparse.Namespace, address: Address, token: str | None) -
 
 
 async def ask_status(address: Address, token: str | None) -> wire.Status:
-    async with await EngineClient.connect(address, "llada-lsp engine status", token, timeout=5) as client:
+    async with await EngineClient.connect(address, "llada-lsp engine status", token, timeout=5, totals=True) as client:
         return await asyncio.wait_for(client.status(), 5)
 
 
