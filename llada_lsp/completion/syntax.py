@@ -83,7 +83,10 @@ def _region(text: str, start: int, end: int, level: int) -> tuple[int, int, int]
         if budget < 0:
             return None
         hi += len(line) + 1
-    return lo, min(hi, len(text)), indent
+    hi = min(hi, len(text))
+    if hi - lo - (end - start) > CHECK_MAX:  # giant lines: the line scans above stop at a bounded piece
+        return None
+    return lo, hi, indent
 
 
 def _line_at(text: str, pos: int) -> str:
