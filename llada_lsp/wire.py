@@ -25,6 +25,7 @@ import msgpack
 
 VERSION = 1
 MAX_FRAME = 16 * 2**20  # a 2 MB document's window is far smaller; anything this big is a broken peer
+MAX_ITEMS = 256  # entries in any map or list of a frame
 _HEADER = struct.Struct(">I")
 
 
@@ -174,7 +175,9 @@ def encode(message: Message) -> bytes:
 def decode(body: bytes) -> Message:
     """One frame's body -> its message; WireError for anything else."""
     try:
-        data = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        # No message has more than a few dozen fields or list items: a map of millions is refused by its
+        # header, before it costs the loop a second to build and its refusal a megabyte to name.
+        data = msgpack.unpackb(body, raw=False, strict_map_key=True, max_map_len=MAX_ITEMS, max_array_len=MAX_ITEMS)
     except Exception as err:  # msgpack raises several unrelated types for bad input
         raise WireError(f"not a msgpack frame: {err}") from None
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):

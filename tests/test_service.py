@@ -86,10 +86,12 @@ async def test_a_stream_of_frames_reads_back_in_order_then_ends():
         (msgpack.packb({"type": "cancel", "id": "7"}), "id must be"),
         (msgpack.packb({"type": "cancel", "id": True}), "id must be"),
         (msgpack.packb({"type": "cancel", "id": 1, "force": True}), "unknown fields"),
+        (msgpack.packb({"type": "cancel", "id": 1, **{f"f{i}": 1 for i in range(50)}}), r"'f0', 'f1', 'f2' and 47 more$"),
+        (msgpack.packb({"type": "cancel", "id": 1, **{f"f{i}": 1 for i in range(10_000)}}), "exceeds max_map_len"),
         (msgpack.packb({"type": "welcome", "version": 1, "model": "m", "state": "ready", "modes": ["a", 2]}), "modes"),
     ],
     ids=["garbage", "not-a-map", "unknown-type", "missing-field", "wrong-type", "bool-for-int", "unknown-field",
-         "bad-list"],  # fmt: skip
+         "unknown-fields-named-and-counted", "a-map-of-thousands", "bad-list"],  # fmt: skip
 )
 def test_a_bad_frame_is_a_wire_error(data, says):
     with pytest.raises(wire.WireError, match=says):

@@ -229,7 +229,7 @@ async def test_a_frame_of_many_unknown_fields_gets_a_short_refusal_and_a_short_l
     writer.close()
     refusal = [w for w in words if isinstance(w, wire.Failed)]
     assert [(w.id, w.kind) for w in refusal] == [(None, "bad_request")]
-    assert len(refusal[0].message) < 1000 and "more" in refusal[0].message
+    assert len(refusal[0].message) < 1000
     async with await engine.connect("after") as client:  # the log line is written before the next hello's
         await client.status()
     assert engine.log.stat().st_size - size < 4000
