@@ -313,7 +313,7 @@ def abusers(address: str, megabytes: float) -> list[Abuser]:
         writer.close()
 
     async def status_flood(self: Abuser, until: float) -> None:
-        reader, writer = await self.connect()
+        _reader, writer = await self.connect()
         writer.write(wire.encode(wire.Status()) * 400_000)  # and never reads
         self.requests += 1
         await asyncio.sleep(min(10, max(0, until - time.monotonic())))

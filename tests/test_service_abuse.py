@@ -206,7 +206,7 @@ async def test_a_peer_that_does_not_read_is_not_read_and_does_not_bloat_the_serv
     async with await engine.connect("bystander") as bystander:
         await bystander.status()
         rss = engine.rss_mib()
-        reader, writer = await raw(engine.address)
+        _reader, writer = await raw(engine.address)
         writer.write(wire.encode(wire.Status()) * 300_000)  # 300,000 asks, about 40 MB of answers
         worst, peak = 0.0, rss
         for _ in range(10):  # the bystander asks on, and the service's memory is watched, for about 3 s
@@ -287,7 +287,7 @@ async def test_a_planted_lock_symlink_is_not_followed(tmp_path):
 # --- 8. a client name that forges log lines ---------------------------------------------------------------------
 async def test_a_client_name_cannot_forge_log_lines_or_send_escapes(engine):
     name = "evil\nllada-lsp engine WARNING: forged\x1b[31m red"
-    reader, writer = await raw(engine.address, wire.Hello(wire.VERSION, name))
+    _reader, writer = await raw(engine.address, wire.Hello(wire.VERSION, name))
     writer.close()
     async with await engine.connect("after") as client:
         await client.status()
@@ -312,8 +312,8 @@ async def test_a_client_sees_its_own_figures_and_the_owner_the_totals(engine):
         await owner.close()
         assert totals.steps and totals.cache_hit_rate is not None and totals.clients >= 3
         await asyncio.wait_for(pending, TIMEOUT)
-    command = subprocess.run([*ENGINE, "status", "--listen", str(engine.address)], capture_output=True, text=True,
-                             timeout=TIMEOUT)  # fmt: skip
+    command = await asyncio.to_thread(subprocess.run, [*ENGINE, "status", "--listen", str(engine.address)],
+                                      check=False, capture_output=True, text=True, timeout=TIMEOUT)  # fmt: skip
     assert command.returncode == 0 and "prefix cache hits:" in command.stdout and "batches:" in command.stdout
 
 
