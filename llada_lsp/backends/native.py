@@ -38,6 +38,11 @@ class NativeBatch:
         """The sequence's id; Busy when the queue is full, TooLong when the K/V pool cannot hold it."""
         return self.scheduler.add(self.settings(request))
 
+    @property
+    def max_rows(self) -> int:
+        """Sequences decoded together in one forward, at most."""
+        return self.scheduler.max_batch
+
     def has_room(self) -> bool:
         """Whether a sequence added now would get a row at the next step (none is left waiting)."""
         return len(self.scheduler.running) + self.scheduler.queued < self.scheduler.max_batch

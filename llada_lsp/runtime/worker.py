@@ -8,9 +8,11 @@ forward, and the thread keeps taking new jobs between steps. Any other return va
 no sequence runs.
 
 Fair and interleaved: jobs wait here, one queue per `group` (a connection of the engine service),
-and are started round-robin across the groups, only while the batch has a free row, and for at most
-START_BUDGET seconds between two steps: one group's burst neither starves another's single request
-nor holds up the running ones' next step with its prompt building. Knows nothing of the LSP or of
+and are started round-robin across the groups, only while the batch has a free row, a group past its
+share of the rows (the batch's rows / the groups with work) waiting while another has work, and for
+at most START_BUDGET seconds between two steps: one group's burst neither starves another's single
+request, nor fills the batch it shares, nor holds up the running ones' next step with its prompt
+building. Knows nothing of the LSP or of
 what a plan computes.
 """
 
@@ -21,7 +23,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
@@ -130,6 +132,7 @@ class ModelWorker(KeyedJobs):
         self.held: dict[Any, deque[Ticket]] = {}  # group -> its jobs; the first group's turn is next
         self._held_count = 0
         self.live: dict[int, tuple[Ticket, Plan]] = {}
+        self._rows: Counter = Counter()  # group -> its live sequences
         self._thread = threading.Thread(target=self._serve, name="llada-model", daemon=True)
         self._thread.start()
 
@@ -191,7 +194,10 @@ class ModelWorker(KeyedJobs):
         while self.held:
             if self.live and time.perf_counter() > deadline:
                 return
-            group, tickets = next(iter(self.held.items()))
+            group = self._next_group()
+            if group is None:
+                return
+            tickets = self.held[group]
             ticket = tickets[0]
             if not ticket.is_set():
                 if ticket.loads and self.live:
@@ -212,6 +218,19 @@ class ModelWorker(KeyedJobs):
             else:
                 self._start(ticket)
 
+    def _next_group(self):
+        """The first group in turn that may start its next job: one under its share of the rows (or
+        whose next job is cancelled or a load); None if every group with jobs has its share running."""
+        rows = getattr(self.model.batch, "max_rows", None) if self.model is not None else None
+        if rows is None:
+            return next(iter(self.held))
+        busy = set(self.held) | {group for group, n in self._rows.items() if n}
+        share = max(1, rows // len(busy))
+        for group, tickets in self.held.items():
+            if tickets[0].is_set() or tickets[0].loads or self._rows[group] < share:
+                return group
+        return None
+
     def _has_room(self) -> bool:
         """Whether a started plan would get a row soon: jobs wait here, in turn order, rather than in the
         batch's own queue, where a burst that came first would be served first."""
@@ -226,6 +245,7 @@ class ModelWorker(KeyedJobs):
             out = ticket.job(self.model, ticket)
             if isinstance(out, Plan):
                 self.live[self.model.batch.add(out.request)] = (ticket, out)
+                self._rows[ticket.group] += 1
                 return
             ticket.resolve(out)
         except Exception as err:
@@ -244,6 +264,7 @@ class ModelWorker(KeyedJobs):
                 ticket.resolve(error=err)
             batch.drain()
             self.live.clear()
+            self._rows.clear()
             return
         for seq_id, draft, result, error in events:
             ticket, plan = self.live[seq_id]
@@ -251,15 +272,22 @@ class ModelWorker(KeyedJobs):
                 if draft is not None:
                     ticket.emit(*plan.on_draft(draft))
                     continue
-                del self.live[seq_id]
+                self._unlive(seq_id)
                 if error is not None:
                     raise error
                 ticket.resolve(plan.finish(result))
             except Exception as err:  # a plan's own failure answers its request only
-                if self.live.pop(seq_id, None) is not None:
+                if self._unlive(seq_id):
                     batch.abort(seq_id)
                 self._failed(ticket, err)
             self._log_job(ticket)
+
+    def _unlive(self, seq_id: int) -> bool:
+        """Forgets a sequence that ended; whether it was live."""
+        entry = self.live.pop(seq_id, None)
+        if entry is not None:
+            self._rows[entry[0].group] -= 1
+        return entry is not None
 
     def _failed(self, ticket: Ticket, err: Exception) -> None:
         if isinstance(err, Refused):  # expected: the user is told why
