@@ -276,22 +276,31 @@ class Abuser:
 
 
 def abusers(address: str, megabytes: float) -> list[Abuser]:
+    """The abusive classes. Their frames are built here, once: built in their loops, they would stall
+    this process's event loop, which also times the editors."""
     one = "def f{0}(a, b):\n    if a > {0}:\n        return a - b\n    return [a, b, {0}]\n\n\n"
     filler = "".join(one.format(i) for i in range(int(megabytes * 2**20) // len(one.format(0))))
+    rewrite = wire.encode(wire.Rewrite(1, "rw", filler + "def add(a, b):\n    ", "return   a+b", "\n\n\n" + filler,
+                                       "quality", 1024, python=True))  # fmt: skip
+    burst_ids = range(1, 2001)
+    burst_frames = b"".join(wire.encode(wire.Infill(i, f"k{i}", "def add(a, b):\n    return a +", "\n", "speed", 64,
+                                                    1024)) for i in burst_ids)  # fmt: skip
+    flood = wire.encode(wire.Status()) * 400_000
+    many = msgpack.packb({"type": "infill", **{f"f{i:07d}": 1 for i in range(1_000_000)}})
+    many = len(many).to_bytes(4, "big") + many
 
     async def huge_rewrite(self: Abuser, until: float) -> None:
         reader, writer = await self.connect()
-        wire.write(writer, wire.Rewrite(1, "rw", filler + "def add(a, b):\n    ", "return   a+b", "\n\n\n" + filler,
-                                        "quality", 1024, python=True))  # fmt: skip
+        writer.write(rewrite)
         self.requests += 1
         await self.answers(reader, {1}, until)
         writer.close()
 
     async def held_hello(self: Abuser, until: float) -> None:
         peers = []
-        for _ in range(30):  # each announces a 15 MiB hello and sends 1 MiB of it
+        for _ in range(30):  # each announces a 15 MiB hello and sends 64 KiB of it
             reader, writer = await self.connect(hello=False)
-            writer.write((15 * 2**20).to_bytes(4, "big") + b"\0" * 2**20)
+            writer.write((15 * 2**20).to_bytes(4, "big") + b"\0" * 2**16)
             peers.append((reader, writer, time.monotonic()))
             self.requests += 1
         for reader, writer, start in peers:  # the service refuses (or, before issue 25, waits for the rest)
@@ -305,24 +314,22 @@ def abusers(address: str, megabytes: float) -> list[Abuser]:
 
     async def burst(self: Abuser, until: float) -> None:
         reader, writer = await self.connect()
-        ids = set(range(1, 2001))
-        writer.write(b"".join(wire.encode(wire.Infill(i, f"k{i}", "def add(a, b):\n    return a +", "\n", "speed", 64,
-                                                      1024)) for i in ids))  # fmt: skip
+        ids = set(burst_ids)
+        writer.write(burst_frames)
         self.requests += len(ids)
         await self.answers(reader, ids, until)
         writer.close()
 
     async def status_flood(self: Abuser, until: float) -> None:
         _reader, writer = await self.connect()
-        writer.write(wire.encode(wire.Status()) * 400_000)  # and never reads
+        writer.write(flood)  # 400,000 status asks, and never reads
         self.requests += 1
         await asyncio.sleep(min(10, max(0, until - time.monotonic())))
         writer.transport.abort()
 
     async def unknown_fields(self: Abuser, until: float) -> None:
         reader, writer = await self.connect()
-        body = msgpack.packb({"type": "infill", **{f"f{i:07d}": 1 for i in range(1_000_000)}})
-        writer.write(len(body).to_bytes(4, "big") + body)
+        writer.write(many)
         self.requests += 1
         start = time.monotonic()
         while (message := await asyncio.wait_for(wire.read(reader), 60)) is not None:
@@ -365,6 +372,7 @@ async def soak(args) -> int:
         rss_service_start = rss_mib(service.process.pid)
         peak = [rss_service_start]
         watcher = asyncio.ensure_future(watch_rss(service.process.pid, peak))
+        bad = [] if args.no_abuse else abusers(service.address, args.abuse_mb)
         end = time.monotonic() + args.minutes * 60
         print(f"{args.clients} clients for {args.minutes:g} minutes against one engine service"
               + ("" if args.no_abuse else ", abused in the second half") + " ...", flush=True)  # fmt: skip
@@ -373,7 +381,6 @@ async def soak(args) -> int:
             await asyncio.sleep(args.minutes * 30)
             for c in clients:
                 c.phase = "abused"
-            bad = abusers(service.address, args.abuse_mb)
             await asyncio.gather(*(a.loop(end) for a in bad))
         await editing
         await asyncio.sleep(5)  # the abusers are gone: what the service gives back
