@@ -15,7 +15,16 @@ Printed: requests sent and answered per client, results and errors by kind (JSON
 unanswered requests (must be 0: the exit status is 1 otherwise), and the RSS of the service and of
 each front at the start and at the end.
 
-    python examples/soak.py [--minutes 5] [--clients 3] [--seed 0] [--model PATH] [--threads 2]
+Abuse (issue 25; `--no-abuse` leaves it out): the editors type alone for the first half of the run,
+then with abusive clients on the engine's socket for the second: a huge Python rewrite (`--abuse-mb`
+of valid Python each side of the selection), a peer that holds a large hello (announces a 15 MiB
+frame, sends part of it, never finishes), a burst of 2,000 requests on one connection (past the
+queue), a status flooder that never reads, and a frame of a million unknown fields. Printed per class
+(editors alone, editors under abuse, each abuser): requests, unanswered (0), p50/p95 of the answers,
+and the service's RSS at the start, its peak and at the end (after the abusers left). Targets: the
+editors' p95 under abuse at most 2x their p95 alone, the RSS at the end within 100 MB of the start.
+
+    python examples/soak.py [--minutes 5] [--clients 3] [--seed 0] [--model PATH] [--threads 2] [--abuse-mb 4]
 
 A stress run, not a benchmark: the mix is random but seeded; rates depend on the machine.
 """
@@ -27,13 +36,18 @@ import asyncio
 import json
 import math
 import random
+import statistics
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
+import msgpack
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_lsp import EngineService, rss_mib  # noqa: E402  (the examples folder)
+
+from llada_lsp import wire  # noqa: E402
 
 SOURCE = (Path(__file__).resolve().parent / "data" / "inventory.py").read_text()
 MALFORMED = {  # what is sent -> the error code a server should answer it with (None: no id to answer)
@@ -69,6 +83,8 @@ class Client:
         self.malformed = Counter()  # the answers to malformed messages: "result" or the error code -> count
         self.proc: asyncio.subprocess.Process | None = None
         self.rss_start = self.rss_end = float("nan")
+        self.phase = "alone"  # the soak's phase: completion times are kept per phase
+        self.latencies: dict[str, list[float]] = {"alone": [], "abused": []}
 
     async def start(self) -> None:
         command = [sys.executable, "-m", "llada_lsp", "serve", "--engine", self.address]
@@ -164,10 +180,14 @@ class Client:
         rid, answer = self.ask("textDocument/inlineCompletion", {
             "textDocument": {"uri": self.uri}, "position": self.position(at),
             "context": {"triggerKind": 2}})  # fmt: skip
+        start, phase = time.monotonic(), self.phase
         if self.rng.random() < 0.2:
             await asyncio.sleep(self.rng.random() * 0.1)
             self.notify("$/cancelRequest", {"id": rid})
+            await answer
+            return
         await answer
+        self.latencies[phase].append(time.monotonic() - start)
 
     async def rewrite(self) -> None:
         line = self.rng.randrange(self.text.count("\n") + 1)
@@ -217,9 +237,133 @@ class Client:
         return missing
 
 
+class Abuser:
+    """One abusive client class on the engine's own socket (the wire protocol, no front): what it
+    sent, how many were answered, and how long the answers took."""
+
+    def __init__(self, name: str, address: str, run):
+        self.name, self.path, self._run = name, address.removeprefix("unix:"), run
+        self.requests = self.answered = 0
+        self.latencies: list[float] = []
+        self.errors = Counter()
+
+    async def connect(self, hello: bool = True):
+        reader, writer = await asyncio.open_unix_connection(self.path, limit=2**20)
+        if hello:
+            wire.write(writer, wire.Hello(wire.VERSION, f"soak-{self.name}"))
+            await asyncio.wait_for(wire.read(reader), 30)
+        return reader, writer
+
+    async def loop(self, until: float) -> None:
+        while time.monotonic() < until:
+            try:
+                await self._run(self, until)
+            except (OSError, asyncio.IncompleteReadError, TimeoutError, wire.WireError) as err:
+                self.errors[type(err).__name__] += 1
+                await asyncio.sleep(0.2)
+
+    async def answers(self, reader, ids: set[int], until: float) -> None:
+        """Reads until every id in `ids` is answered (done or failed), or the time is up."""
+        start = time.monotonic()
+        while ids and time.monotonic() < until + 60:
+            message = await asyncio.wait_for(wire.read(reader), until + 60 - time.monotonic())
+            if message is None:
+                break
+            if isinstance(message, (wire.Done, wire.Failed)) and message.id in ids:
+                ids.discard(message.id)
+                self.answered += 1
+                self.latencies.append(time.monotonic() - start)
+
+
+def abusers(address: str, megabytes: float) -> list[Abuser]:
+    """The abusive classes. Their frames are built here, once: built in their loops, they would stall
+    this process's event loop, which also times the editors."""
+    one = "def f{0}(a, b):\n    if a > {0}:\n        return a - b\n    return [a, b, {0}]\n\n\n"
+    filler = "".join(one.format(i) for i in range(int(megabytes * 2**20) // len(one.format(0))))
+    rewrite = wire.encode(wire.Rewrite(1, "rw", filler + "def add(a, b):\n    ", "return   a+b", "\n\n\n" + filler,
+                                       "quality", 1024, python=True))  # fmt: skip
+    burst_ids = range(1, 2001)
+    burst_frames = b"".join(wire.encode(wire.Infill(i, f"k{i}", "def add(a, b):\n    return a +", "\n", "speed", 64,
+                                                    1024)) for i in burst_ids)  # fmt: skip
+    flood = wire.encode(wire.Status()) * 400_000
+    many = msgpack.packb({"type": "infill", **{f"f{i:07d}": 1 for i in range(1_000_000)}})
+    many = len(many).to_bytes(4, "big") + many
+
+    async def huge_rewrite(self: Abuser, until: float) -> None:
+        reader, writer = await self.connect()
+        writer.write(rewrite)
+        self.requests += 1
+        await self.answers(reader, {1}, until)
+        writer.close()
+
+    async def held_hello(self: Abuser, until: float) -> None:
+        peers, round_start = [], time.monotonic()
+        for _ in range(30):  # each announces a 15 MiB hello and sends 64 KiB of it
+            reader, writer = await self.connect(hello=False)
+            writer.write((15 * 2**20).to_bytes(4, "big") + b"\0" * 2**16)
+            peers.append((reader, writer, time.monotonic()))
+            self.requests += 1
+        for reader, writer, start in peers:  # the service refuses (or, before issue 25, waits for the rest)
+            try:
+                if await asyncio.wait_for(wire.read(reader), 12) is not None:
+                    self.answered += 1
+                    self.latencies.append(time.monotonic() - start)
+            except (TimeoutError, asyncio.IncompleteReadError, OSError):
+                pass
+            writer.close()
+        # 30 peers a second, as holders that come back: refused at once, they would otherwise be a
+        # connect flood, which costs both ends the CPU the editors share with them here.
+        await asyncio.sleep(max(0.0, round_start + 1 - time.monotonic()))
+
+    async def burst(self: Abuser, until: float) -> None:
+        reader, writer = await self.connect()
+        ids = set(burst_ids)
+        writer.write(burst_frames)
+        self.requests += len(ids)
+        await self.answers(reader, ids, until)
+        writer.close()
+
+    async def status_flood(self: Abuser, until: float) -> None:
+        _reader, writer = await self.connect()
+        writer.write(flood)  # 400,000 status asks, and never reads
+        self.requests += 1
+        await asyncio.sleep(min(10, max(0, until - time.monotonic())))
+        writer.transport.abort()
+
+    async def unknown_fields(self: Abuser, until: float) -> None:
+        reader, writer = await self.connect()
+        writer.write(many)
+        self.requests += 1
+        start = time.monotonic()
+        while (message := await asyncio.wait_for(wire.read(reader), 60)) is not None:
+            if isinstance(message, wire.Failed):
+                self.answered += 1
+                self.latencies.append(time.monotonic() - start)
+        writer.close()
+        await asyncio.sleep(1)
+
+    return [Abuser(name, address, run) for name, run in [
+        ("huge rewrite", huge_rewrite), ("held hello", held_hello), ("burst", burst),
+        ("status flood", status_flood), ("unknown fields", unknown_fields)]]  # fmt: skip
+
+
+def percentiles(values: list[float]) -> str:
+    if not values:
+        return f"{'-':>8} {'-':>8}"
+    cuts = statistics.quantiles(values, n=20, method="inclusive") if len(values) > 1 else [values[0]] * 19
+    return f"{statistics.median(values):8.2f} {cuts[18]:8.2f}"
+
+
+async def watch_rss(pid: int, peak: list[float]) -> None:
+    while True:
+        peak[0] = max(peak[0], rss_mib(pid))
+        await asyncio.sleep(0.25)
+
+
 async def soak(args) -> int:
     service = Service(args)
     clients: list[Client] = []
+    bad: list[Abuser] = []
     try:
         await service.listening(timeout=math.inf)
         rng = random.Random(args.seed)
@@ -229,10 +373,22 @@ async def soak(args) -> int:
         await first.request("textDocument/inlineCompletion", {"textDocument": {"uri": first.uri},
                             "position": first.position(len(first.text)), "context": {"triggerKind": 2}})  # fmt: skip
         rss_service_start = rss_mib(service.process.pid)
-        until = time.monotonic() + args.minutes * 60
-        print(f"{args.clients} clients for {args.minutes:g} minutes against one engine service ...", flush=True)
-        await asyncio.gather(*(c.run(until) for c in clients))
+        peak = [rss_service_start]
+        watcher = asyncio.ensure_future(watch_rss(service.process.pid, peak))
+        bad = [] if args.no_abuse else abusers(service.address, args.abuse_mb)
+        end = time.monotonic() + args.minutes * 60
+        print(f"{args.clients} clients for {args.minutes:g} minutes against one engine service"
+              + ("" if args.no_abuse else ", abused in the second half") + " ...", flush=True)  # fmt: skip
+        editing = asyncio.gather(*(c.run(end) for c in clients))
+        if not args.no_abuse:
+            await asyncio.sleep(args.minutes * 30)
+            for c in clients:
+                c.phase = "abused"
+            await asyncio.gather(*(a.loop(end) for a in bad))
+        await editing
+        await asyncio.sleep(5)  # the abusers are gone: what the service gives back
         rss_service_end = rss_mib(service.process.pid)
+        watcher.cancel()
         missing = {c.name: await c.finish(args.drain) for c in clients}
     finally:
         for c in clients:
@@ -260,7 +416,28 @@ async def soak(args) -> int:
         for rid, method in m:
             print(f"UNANSWERED: {name} request {rid} ({method})")
     print(f"\nunanswered requests: {total_missing}")
-    return 1 if total_missing else 0
+    failed = bool(total_missing)
+    if not args.no_abuse:
+        print(f"\n{'class':<16} {'requests':>8} {'unanswered':>10} {'p50 s':>8} {'p95 s':>8}  notes")
+        for phase in ("alone", "abused"):
+            times = [t for c in clients for t in c.latencies[phase]]
+            print(f"{'editors ' + phase:<16} {len(times):8} {'':>10} {percentiles(times)}  inline completions answered")
+        for a in bad:
+            unanswered = "-" if a.name == "status flood" else str(a.requests - a.answered)
+            note = "never reads: nothing to answer" if a.name == "status flood" else ", ".join(
+                f"{k}: {n}" for k, n in a.errors.items())  # fmt: skip
+            print(f"{a.name:<16} {a.requests:8} {unanswered:>10} {percentiles(a.latencies)}  {note}")
+        print(f"service RSS, MiB: start {rss_service_start:.0f}, peak {peak[0]:.0f}, end {rss_service_end:.0f}")
+        alone = [t for c in clients for t in c.latencies["alone"]]
+        abused = [t for c in clients for t in c.latencies["abused"]]
+        if len(alone) > 1 and len(abused) > 1:
+            ratio = statistics.quantiles(abused, n=20)[18] / statistics.quantiles(alone, n=20)[18]
+            print(f"editors' p95 under abuse / alone: {ratio:.2f} (target <= 2)")
+            failed |= ratio > 2
+        print(f"RSS end - start: {rss_service_end - rss_service_start:+.0f} MiB (target <= 100)")
+        failed |= rss_service_end - rss_service_start > 100
+        failed |= any(a.requests != a.answered for a in bad if a.name != "status flood")
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds to wait for outstanding answers at the end (default 120)")  # fmt: skip
     ap.add_argument("--model", metavar="PATH|HF-ID", help="the engine's model (default: the embedded one)")
     ap.add_argument("--threads", type=int, default=2, help="the engine's torch threads (default 2)")
+    ap.add_argument("--no-abuse", action="store_true", help="no abusive clients (issue 25) in the second half")
+    ap.add_argument("--abuse-mb", type=float, default=4.0,
+                    help="MB of Python each side of the huge rewrite's selection (default 4; the issue's was 15)")
     args = ap.parse_args(argv)
     if args.clients < 1 or args.minutes <= 0:
         ap.error("--clients and --minutes must be positive")

@@ -25,6 +25,7 @@ import msgpack
 
 VERSION = 1
 MAX_FRAME = 16 * 2**20  # a 2 MB document's window is far smaller; anything this big is a broken peer
+MAX_ITEMS = 256  # entries in any map or list of a frame
 _HEADER = struct.Struct(">I")
 
 
@@ -51,6 +52,7 @@ class Hello(Message):
     version: int
     client: str  # who is speaking, for the service's log and status
     token: str | None = None  # required by a service that listens on TCP
+    totals: bool = False  # asks for the service's totals in status (granted to its own user on a Unix socket)
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,9 @@ def encode(message: Message) -> bytes:
 def decode(body: bytes) -> Message:
     """One frame's body -> its message; WireError for anything else."""
     try:
-        data = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        # No message has more than a few dozen fields or list items: a map of millions is refused by its
+        # header, before it costs the loop a second to build and its refusal a megabyte to name.
+        data = msgpack.unpackb(body, raw=False, strict_map_key=True, max_map_len=MAX_ITEMS, max_array_len=MAX_ITEMS)
     except Exception as err:  # msgpack raises several unrelated types for bad input
         raise WireError(f"not a msgpack frame: {err}") from None
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
@@ -207,9 +211,11 @@ def decode(body: bytes) -> Message:
     if cls is None:
         raise WireError(f"unknown message type {kind[:40]!r}")
     hints = _HINTS[cls]
-    unknown = [repr(name) for name in data if name not in hints]
-    if unknown and not cls.open:
-        raise WireError(f"{cls.type}: unknown fields {', '.join(sorted(unknown))}")
+    if not cls.open and any(name not in hints for name in data):
+        unknown = [name for name in data if name not in hints]
+        named = ", ".join(repr(name[:40]) for name in unknown[:3])  # str or bytes: strict_map_key
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        raise WireError(f"{cls.type}: unknown fields {named}{more}")
     data = {name: value for name, value in data.items() if name in hints}
     for name, value in data.items():
         if not _conforms(value, hints[name]):

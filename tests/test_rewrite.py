@@ -13,7 +13,7 @@ from llada_lsp.completion.jobs import Outcome, Rewrite
 from llada_lsp.completion.pipeline import InstructionUnsupported, run_rewrite
 from llada_lsp.completion.postprocess import bound_rewrite
 from llada_lsp.completion.prompt import TextCodec
-from llada_lsp.completion.syntax import Balance, check_rewrite, is_python
+from llada_lsp.completion.syntax import CHECK_MAX, Balance, check_rewrite, is_python, python_region
 
 PY = "def f(name):\n    return name.split()\n\nx = f('a b')\n"
 
@@ -28,6 +28,27 @@ def test_python_that_parsed_must_still_parse():
     # An unterminated docstring, the new user's other example.
     end = PY.index("\n", start)
     assert check_rewrite(PY, start, end, 'name.split()\n    """Split', python=True) is not None
+
+
+def test_the_python_guard_parses_the_statements_around_the_selection_and_no_more():
+    """Issue 25: ast over a whole huge window took minutes and gigabytes. The guard judges the enclosing
+    top-level statements, else those at the selection's indentation, else refuses as too long."""
+    filler = "".join(f"def f{i}(a):\n    return a + {i}\n\n\n" for i in range(CHECK_MAX // 10))
+    text = filler + "class C:\n    def add(self, a, b):\n        return a + b\n\n\nz = 1\n" + filler
+    start = text.index("return a + b")
+    lo, hi, indent = python_region(text, start, start + 12)
+    assert text[lo:hi] == "class C:\n    def add(self, a, b):\n        return a + b\n\n\n" and indent == 0
+    reason = check_rewrite(text, start, start + 12, "return (a + b", python=True)
+    assert "unparsable" in reason and f"line {text.count(chr(10), 0, start) + 1}" in reason
+    assert check_rewrite(text, start, start + 12, "return a - b", python=True) is None
+    # A class too big to parse whole: the statement at the selection's own indentation.
+    big = "class Big:\n" + "".join(f"    def m{i}(self):\n        return {i}\n\n" for i in range(CHECK_MAX // 30))
+    text = big + "    def add(self, a, b):\n        return a + b\n"
+    start = text.index("return a + b")
+    assert "unparsable" in check_rewrite(text, start, start + 12, "return (a + b", python=True)
+    # One giant line: nothing bounded to judge, said so.
+    text = "x = [" + "1, " * CHECK_MAX + "2]"
+    assert "too long to check" in check_rewrite(text, 5, 6, "3", python=True)
 
 
 def test_python_with_a_lone_surrogate_is_still_parsed():

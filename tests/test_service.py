@@ -88,10 +88,12 @@ async def test_a_stream_of_frames_reads_back_in_order_then_ends():
         (msgpack.packb({"type": "cancel", "id": "7"}), "id must be"),
         (msgpack.packb({"type": "cancel", "id": True}), "id must be"),
         (msgpack.packb({"type": "cancel", "id": 1, "force": True}), "unknown fields"),
+        (msgpack.packb({"type": "cancel", "id": 1, **{f"f{i}": 1 for i in range(50)}}), r"'f0', 'f1', 'f2' and 47 more$"),
+        (msgpack.packb({"type": "cancel", "id": 1, **{f"f{i}": 1 for i in range(10_000)}}), "exceeds max_map_len"),
         (msgpack.packb({"type": "welcome", "version": 1, "model": "m", "state": "ready", "modes": ["a", 2]}), "modes"),
     ],
     ids=["garbage", "not-a-map", "unknown-type", "missing-field", "wrong-type", "bool-for-int", "unknown-field",
-         "bad-list"],  # fmt: skip
+         "unknown-fields-named-and-counted", "a-map-of-thousands", "bad-list"],  # fmt: skip
 )
 def test_a_bad_frame_is_a_wire_error(data, says):
     with pytest.raises(wire.WireError, match=says):
@@ -360,11 +362,11 @@ class EngineProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(command, env=env, stderr=log, stdout=subprocess.DEVNULL)
 
-    async def connect(self, name: str) -> EngineClient:
+    async def connect(self, name: str, totals: bool = False) -> EngineClient:
         deadline = time.monotonic() + TIMEOUT
         while True:
             try:
-                return await EngineClient.connect(self.address, name)
+                return await EngineClient.connect(self.address, name, totals=totals)
             except EngineFailure:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise
@@ -449,7 +451,7 @@ class TestTheEngineProcess:
         header = '"""Small helpers for numbers and points."""\n\nimport math\nimport os\nimport sys\n\n\n' * 3
         before = [header + text for text in ("def add(a, b):\n    return a +", "def sub(a, b):\n    return a -",
                   "print(os.", "class Point:\n    def __init__(self, x, y):\n        self.x = ")]  # fmt: skip
-        clients = [await service.connect(f"editor{i}") for i in range(4)]
+        clients = [await service.connect(f"editor{i}", totals=i == 0) for i in range(4)]  # the first: its owner's totals
         try:
             requests = [infill(c, text, mode=MODES[i % 2]) for i, (c, text) in enumerate(zip(clients, before))]
             together = await asyncio.wait_for(asyncio.gather(*(c.request(r) for c, r in zip(clients, requests))), TIMEOUT)
@@ -528,7 +530,8 @@ class TestTheEngineProcess:
     async def test_a_second_engine_on_the_socket_refuses_to_start(self, service):
         second = subprocess.run([sys.executable, "-m", "llada_lsp.commands.engine", "--listen", str(service.address)],
                                 capture_output=True, text=True, timeout=TIMEOUT)  # fmt: skip
-        assert second.returncode == 1 and "another engine is serving" in second.stderr
+        # The refusal names who holds the socket (issue 25: a service orphaned by its deleted socket was unnamed).
+        assert second.returncode == 1 and f"another engine (pid {service.proc.pid}) is serving" in second.stderr
         assert Path(service.address.path).exists()
 
 

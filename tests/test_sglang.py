@@ -335,7 +335,7 @@ async def test_cancel_answers_at_once_and_asks_sglang_to_abort_the_request(short
     answer = Stream([ids[:32], ids[32:] + [codec.special.eos]], hold_after=1)
     with FakeSGLang(lambda body: answer) as fake:
         async with service_on(SGLangBackend(fake.url), short_dir) as (address, lines):
-            async with await EngineClient.connect(address, "editor") as client:
+            async with await EngineClient.connect(address, "editor", totals=True) as client:  # `running`: a total
                 first = asyncio.Event()
                 request = infill(client, "def f():\n    ", "\n", drafts=True)
                 task = asyncio.ensure_future(client.request(request, lambda step, text: first.set()))

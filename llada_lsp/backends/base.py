@@ -27,8 +27,10 @@ class Backend(Protocol):
     def load(self, spec: Any, report: Report) -> Any:
         """Starts loading `spec`; returns the load's ticket (`when_done` to learn its end)."""
 
-    def submit(self, key: str | None, label: str, job: Callable, on_draft: Callable | None = None) -> Any:
-        """`job(model, ticket) -> Plan` is generated; a newer job of `key` cancels this one."""
+    def submit(self, key: str | None, label: str, job: Callable, on_draft: Callable | None = None,
+               group: Any = None) -> Any:  # fmt: skip
+        """`job(model, ticket) -> Plan` is generated; a newer job of `key` cancels this one; jobs of
+        different `group`s (connections) are served in turn."""
 
     def cancel_key(self, key: str) -> None: ...
 

@@ -38,6 +38,15 @@ class NativeBatch:
         """The sequence's id; Busy when the queue is full, TooLong when the K/V pool cannot hold it."""
         return self.scheduler.add(self.settings(request))
 
+    @property
+    def max_rows(self) -> int:
+        """Sequences decoded together in one forward, at most."""
+        return self.scheduler.max_batch
+
+    def has_room(self) -> bool:
+        """Whether a sequence added now would get a row at the next step (none is left waiting)."""
+        return len(self.scheduler.running) + self.scheduler.queued < self.scheduler.max_batch
+
     def step(self) -> list[tuple[int, Draft | None, Result | None, Exception | None]]:
         """(sequence id, draft, result, error) for every running sequence the forward advanced or ended."""
         return [_neutral(event) for event in self.scheduler.step()]

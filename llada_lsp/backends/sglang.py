@@ -113,8 +113,9 @@ class SGLangWorker(KeyedJobs):
         return ticket
 
     def submit(self, key: str | None, label: str, job: Callable[[LoadedModel, Ticket], Any],
-               on_draft: Callable[[int, Any], None] | None = None) -> Ticket:  # fmt: skip
-        """As ModelWorker.submit: `job(model, ticket)` returns the Plan; a newer job of `key` cancels this one."""
+               on_draft: Callable[[int, Any], None] | None = None, group: Any = None) -> Ticket:  # fmt: skip
+        """As ModelWorker.submit: `job(model, ticket)` returns the Plan; a newer job of `key` cancels this
+        one. `group` is not used: every request is its own task on the loop, which takes turns already."""
         ticket = self._supersede(RemoteTicket(key, label, job, on_draft, self.loop))
         ticket.task = self.loop.create_task(self._run(ticket))
         return ticket

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import ctypes.util
 import logging
 import signal
 import sys
@@ -25,8 +27,20 @@ from ..service.sessions import EngineService
 logger = logging.getLogger("llada_lsp.service")
 
 
+def give_big_buffers_back() -> None:
+    """glibc raises its mmap threshold each time a large buffer is freed, so that later ones come from
+    the heap, which it rarely gives back: a client's 15 MB frame would leave the service that much
+    bigger for good. Fixed at 1 MiB, every larger buffer (a frame, a window) is returned when freed."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, 2**20)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):  # not glibc: its allocator is its own business
+        pass
+
+
 async def serve(args: argparse.Namespace, address: Address, token: str | None) -> int:
     """Runs the service until SIGTERM or SIGINT; 1 if it cannot listen."""
+    give_big_buffers_back()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -59,7 +73,14 @@ async def serve(args: argparse.Namespace, address: Address, token: str | None) -
                                args.cache_mb, args.prefix_cache, args.max_queue, args.quantize, args.devices,
                                args.cuda_graph, args.prefill_chunk))  # fmt: skip
         logger.info("listening on %s", listener.address)
+
+        def lost(why: str) -> None:
+            logger.error("%s", why)
+            stop.set()
+
+        watch = asyncio.create_task(listener.watch(lost))
         await stop.wait()
+        watch.cancel()
         logger.info("stopping")
     finally:
         listener.close()  # first: no new connection while the others close
@@ -72,7 +93,7 @@ async def serve(args: argparse.Namespace, address: Address, token: str | None) -
 
 
 async def ask_status(address: Address, token: str | None) -> wire.Status:
-    async with await EngineClient.connect(address, "llada-lsp engine status", token, timeout=5) as client:
+    async with await EngineClient.connect(address, "llada-lsp engine status", token, timeout=5, totals=True) as client:
         return await asyncio.wait_for(client.status(), 5)
 
 

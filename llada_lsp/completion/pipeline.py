@@ -132,7 +132,9 @@ class RewritePlan(Plan):
                 "without one, or load a chat model (LLaDA2.1) to use instructions"
             )  # fmt: skip
         self.selection = job.selection
-        self.prompt = prompt = rewrite_prompt(job.before, job.selection, job.after, codec, model.max_positions,
+        # As the front cuts it: a window sent whole (megabytes) must not be tokenized here, on the model thread.
+        before, after = trimmed(job.before, job.after, job.context_tokens * CHARS_PER_TOKEN)
+        self.prompt = prompt = rewrite_prompt(before, job.selection, after, codec, model.max_positions,
                                               job.context_tokens, job.instruction)  # fmt: skip
         self.started = time.perf_counter()
         self.request = check_request(GenerationRequest(

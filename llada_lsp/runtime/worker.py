@@ -5,7 +5,15 @@ and results are handed back to the event loop thread-safely.
 A job is a callable run on the thread. One that returns a completion Plan joins the loaded model's
 batch (backends/native.NativeBatch): every running plan's request advances in the same batched
 forward, and the thread keeps taking new jobs between steps. Any other return value is the job's result. A model load waits until
-no sequence runs. Knows nothing of the LSP or of what a plan computes.
+no sequence runs.
+
+Fair and interleaved: jobs wait here, one queue per `group` (a connection of the engine service),
+and are started round-robin across the groups, only while the batch has a free row, a group past its
+share of the rows (the batch's rows / the groups with work) waiting while another has work, and for
+at most START_BUDGET seconds between two steps: one group's burst neither starves another's single
+request, nor fills the batch it shares, nor holds up the running ones' next step with its prompt
+building. Knows nothing of the LSP or of
+what a plan computes.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
@@ -33,6 +41,7 @@ class ModelUnavailable(RuntimeError):
 
 # loader(spec, report(message, percent), cancelled()) -> the loaded model
 Loader = Callable[[ModelSpec, Callable[[str, int], None], Callable[[], bool]], Any]
+START_BUDGET = 0.05  # seconds of job starts (prompt building) between two denoising steps, at most
 LOAD_KEY = "\0load"  # a newer load supersedes a queued one; no request key (a URI, "conn:key") is like it
 
 
@@ -40,9 +49,10 @@ class Ticket:
     """One queued job: its result future, its cancel flag and its step count (for the log)."""
 
     def __init__(self, key: str | None, label: str, job: Callable, on_draft: Callable | None, loop,
-                 loads: bool = False):  # fmt: skip
+                 loads: bool = False, group: Any = None):  # fmt: skip
         self.key, self.label, self.job, self.on_draft, self.loop = key, label, job, on_draft, loop
         self.loads = loads  # a model load, run without a model
+        self.group = LOAD_KEY if loads else group  # whose turn it is (round-robin between groups)
         self.future: Future = Future()  # never set running, so cancel() always wins until a result is set
         self._cancelled = threading.Event()
         self.steps = 0
@@ -113,14 +123,16 @@ class ModelWorker(KeyedJobs):
     def __init__(self, loop: asyncio.AbstractEventLoop, log: Callable[[str], None], loader: Loader):
         """`log(line)` runs on the loop after every job. `loader(spec, report, cancelled)` reads a model
         (backends/native.load), stopping when `cancelled()` turns true; the model's `batch` decodes.
-        Jobs taken but not started (behind a load) are `held`; plans decoding are `live` by sequence id."""
+        Jobs taken but not started are `held` (per group, in turn order); plans decoding are `live` by sequence id."""
         self.loop, self.log, self.loader = loop, log, loader
         self.model: LoadedModel | None = None
         self.state, self.error, self.spec = "loading", None, ModelSpec(None)
         self._queue: queue.Queue[Ticket | None] = queue.Queue()
         self._latest: dict[str, Ticket] = {}
-        self.held: deque[Ticket] = deque()
+        self.held: dict[Any, deque[Ticket]] = {}  # group -> its jobs; the first group's turn is next
+        self._held_count = 0
         self.live: dict[int, tuple[Ticket, Plan]] = {}
+        self._rows: Counter = Counter()  # group -> its live sequences
         self._thread = threading.Thread(target=self._serve, name="llada-model", daemon=True)
         self._thread.start()
 
@@ -136,10 +148,11 @@ class ModelWorker(KeyedJobs):
         return self._enqueue(Ticket(LOAD_KEY, f"load {spec.name}", job, None, self.loop, loads=True))
 
     def submit(self, key: str | None, label: str, job: Callable[[LoadedModel, Ticket], Any],
-               on_draft: Callable[[int, Any], None] | None = None) -> Ticket:  # fmt: skip
+               on_draft: Callable[[int, Any], None] | None = None, group: Any = None) -> Ticket:  # fmt: skip
         """`job(model, ticket)` runs on the model thread: it returns a Plan (decoded with the others
-        running, its drafts to `on_draft`), or its result (reporting steps with `ticket.emit`)."""
-        return self._enqueue(Ticket(key, label, job, on_draft, self.loop))
+        running, its drafts to `on_draft`), or its result (reporting steps with `ticket.emit`). Jobs
+        of different `group`s take turns."""
+        return self._enqueue(Ticket(key, label, job, on_draft, self.loop, group=group))
 
     def cancel_all(self) -> None:
         for ticket in list(self._latest.values()):
@@ -163,27 +176,66 @@ class ModelWorker(KeyedJobs):
         while True:
             try:  # wait for a job only when nothing else is to be done
                 while True:
-                    ticket = self._queue.get(block=not self.live and not self.held)
+                    ticket = self._queue.get(block=not self.live and not self._held_count)
                     if ticket is None:
                         return
-                    self.held.append(ticket)
+                    self.held.setdefault(ticket.group, deque()).append(ticket)
+                    self._held_count += 1
             except queue.Empty:
                 pass
-            while self.held:
-                ticket = self.held[0]
-                if ticket.loads and self.live:
-                    break  # the running sequences finish on the model they started with
-                self.held.popleft()
-                if ticket.is_set():
-                    continue
-                ticket.started = time.perf_counter()
-                if ticket.loads:
-                    self._run_load(ticket)
-                    self._log_job(ticket)
-                else:
-                    self._start(ticket)
+            self._start_some()
             if self.live:
                 self._step()
+
+    def _start_some(self) -> None:
+        """Starts held jobs, one per group in turn, while the batch has a free row and (with sequences
+        decoding) for at most START_BUDGET seconds: the next step is never held up for long."""
+        deadline = time.perf_counter() + START_BUDGET
+        while self.held:
+            if self.live and time.perf_counter() > deadline:
+                return
+            group = self._next_group()
+            if group is None:
+                return
+            tickets = self.held[group]
+            ticket = tickets[0]
+            if not ticket.is_set():
+                if ticket.loads and self.live:
+                    return  # the running sequences finish on the model they started with
+                if not ticket.loads and not self._has_room():
+                    return
+            tickets.popleft()
+            self._held_count -= 1
+            del self.held[group]
+            if tickets:
+                self.held[group] = tickets  # to the back: the next group's turn
+            if ticket.is_set():
+                continue
+            ticket.started = time.perf_counter()
+            if ticket.loads:
+                self._run_load(ticket)
+                self._log_job(ticket)
+            else:
+                self._start(ticket)
+
+    def _next_group(self):
+        """The first group in turn that may start its next job: one under its share of the rows (or
+        whose next job is cancelled or a load); None if every group with jobs has its share running."""
+        rows = getattr(self.model.batch, "max_rows", None) if self.model is not None else None
+        if rows is None:
+            return next(iter(self.held))
+        busy = set(self.held) | {group for group, n in self._rows.items() if n}
+        share = max(1, rows // len(busy))
+        for group, tickets in self.held.items():
+            if tickets[0].is_set() or tickets[0].loads or self._rows[group] < share:
+                return group
+        return None
+
+    def _has_room(self) -> bool:
+        """Whether a started plan would get a row soon: jobs wait here, in turn order, rather than in the
+        batch's own queue, where a burst that came first would be served first."""
+        batch = self.model.batch if self.model is not None else None
+        return batch is None or not hasattr(batch, "has_room") or batch.has_room()
 
     def _start(self, ticket: Ticket) -> None:
         if self.model is None:
@@ -193,6 +245,7 @@ class ModelWorker(KeyedJobs):
             out = ticket.job(self.model, ticket)
             if isinstance(out, Plan):
                 self.live[self.model.batch.add(out.request)] = (ticket, out)
+                self._rows[ticket.group] += 1
                 return
             ticket.resolve(out)
         except Exception as err:
@@ -211,6 +264,7 @@ class ModelWorker(KeyedJobs):
                 ticket.resolve(error=err)
             batch.drain()
             self.live.clear()
+            self._rows.clear()
             return
         for seq_id, draft, result, error in events:
             ticket, plan = self.live[seq_id]
@@ -218,15 +272,22 @@ class ModelWorker(KeyedJobs):
                 if draft is not None:
                     ticket.emit(*plan.on_draft(draft))
                     continue
-                del self.live[seq_id]
+                self._unlive(seq_id)
                 if error is not None:
                     raise error
                 ticket.resolve(plan.finish(result))
             except Exception as err:  # a plan's own failure answers its request only
-                if self.live.pop(seq_id, None) is not None:
+                if self._unlive(seq_id):
                     batch.abort(seq_id)
                 self._failed(ticket, err)
             self._log_job(ticket)
+
+    def _unlive(self, seq_id: int) -> bool:
+        """Forgets a sequence that ended; whether it was live."""
+        entry = self.live.pop(seq_id, None)
+        if entry is not None:
+            self._rows[entry[0].group] -= 1
+        return entry is not None
 
     def _failed(self, ticket: Ticket, err: Exception) -> None:
         if isinstance(err, Refused):  # expected: the user is told why
@@ -243,7 +304,7 @@ class ModelWorker(KeyedJobs):
         if model is None or model.batch is None:
             return {}
         stats = model.batch.stats()
-        return stats | {"queued": stats.get("queued", 0) + len(self.held)}
+        return stats | {"queued": stats.get("queued", 0) + self._held_count}
 
     async def aclose(self) -> None:
         """Nothing is owed once `stop` has returned (the Backend protocol)."""

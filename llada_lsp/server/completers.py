@@ -69,9 +69,11 @@ class LocalCompleter:
 class RemoteCompleter:
     """An engine service: requests go over the socket as text windows; supersede and cancel are keyed
     per connection by the service. A dropped connection fails what was in flight and is made again
-    on the next request (at most once a second)."""
+    on the next request (at most once a second). An engine silent for SILENCE_SECONDS (a stopped
+    process) is "not responding" in `status()`, said once in the log, until its next frame."""
 
     RETRY_SECONDS = 1.0
+    SILENCE_SECONDS = 5.0
 
     def __init__(self, client: EngineClient, target: str | None, token: str | None, log: Callable[[str], None]):
         """`target`: the address asked for (None: the default socket)."""
@@ -80,12 +82,19 @@ class RemoteCompleter:
         self._last: wire.Status | None = None
         self._tried = 0.0
         self._keys: dict[str, asyncio.Task] = {}
-        client.on_status = self._on_status
+        self._adopt(client)
+
+    def _adopt(self, client: EngineClient) -> None:
+        self.client, client.on_status, client.on_responding = client, self._on_status, self._on_responding
+
+    def _on_responding(self, responding: bool) -> None:
+        self.log(f"the engine service at {self.address} " + ("answers again" if responding else
+                 f"is not responding (nothing from it for {self.SILENCE_SECONDS:.0f} s)"))  # fmt: skip
 
     @classmethod
     async def connect(cls, address: str | None, token: str | None, log: Callable[[str], None]) -> "RemoteCompleter":
         """Raises EngineFailure when nothing answers or the service refuses the hello."""
-        client = await EngineClient.connect(address, "llada-lsp", token)
+        client = await EngineClient.connect(address, "llada-lsp", token, silence=cls.SILENCE_SECONDS)
         return cls(client, address, token, log)
 
     def _on_status(self, status: wire.Status) -> None:
@@ -98,11 +107,12 @@ class RemoteCompleter:
             raise CompletionFailed(f"the engine service at {self.address} is unavailable: {self.client.gone.message}")
         self._tried = time.monotonic()
         try:
-            client = await EngineClient.connect(self.target, "llada-lsp", self.token, on_status=self._on_status)
+            client = await EngineClient.connect(self.target, "llada-lsp", self.token, silence=self.SILENCE_SECONDS)
         except EngineFailure as err:
             raise CompletionFailed(f"the engine service at {self.address} is unavailable: {err.message}") from None
         self.log(f"reconnected to the engine service at {self.address}")
-        self.client, self._last = client, None
+        self._adopt(client)
+        self._last = None
         return client
 
     async def refresh(self) -> None:
@@ -135,8 +145,9 @@ class RemoteCompleter:
 
     def status(self) -> dict[str, Any]:
         welcome, last = self.client.welcome, self._last
-        out = {"engine": self.address, "model": (last and last.model) or welcome.model,
-               "state": "unavailable" if self.client.gone else ((last and last.state) or welcome.state)}  # fmt: skip
+        state = "unavailable" if self.client.gone else "not responding" if not self.client.responding else (
+            (last and last.state) or welcome.state)  # fmt: skip
+        out = {"engine": self.address, "model": (last and last.model) or welcome.model, "state": state}
         error = (last and last.error) or (self.client.gone and self.client.gone.message)
         if error:
             out["error"] = error

@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import logging
 import os
+import time
 from typing import Any, Callable
 
 from .. import wire
@@ -20,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 DraftCallback = Callable[[int, str], None]  # (step, text), as the worker's drafts
 StatusCallback = Callable[[wire.Status], None]
+SILENCE = 5.0  # seconds without a frame from the engine, pinged meanwhile, after which it is not responding
 
 
 class EngineFailure(Exception):
@@ -34,11 +36,17 @@ class EngineFailure(Exception):
 
 class EngineClient:
     """One connection to an engine service. Use from one event loop; `connect` makes one. Requests
-    carry their own ids (`next_id()` hands out fresh ones); drafts and status arrive on the loop."""
+    carry their own ids (`next_id()` hands out fresh ones); drafts and status arrive on the loop.
+
+    A live engine answers a `status` ask at once, even while its model is busy: one is sent after
+    `silence / 2` seconds without a frame, and after `silence` the engine is not `responding` (a stopped
+    or hung process); `on_responding(bool)` is called on each change, the first frame after it included."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, welcome: wire.Welcome,
-                 on_status: StatusCallback | None = None):  # fmt: skip
+                 on_status: StatusCallback | None = None, silence: float = SILENCE):  # fmt: skip
         self.welcome, self.on_status = welcome, on_status
+        self.on_responding: Callable[[bool], None] | None = None
+        self.responding, self.silence, self._heard = True, silence, time.monotonic()
         self._reader, self._writer = reader, writer
         self._pending: dict[int, tuple[asyncio.Future[wire.Done], DraftCallback | None]] = {}
         self._status_waiters: list[asyncio.Future[wire.Status]] = []
@@ -46,25 +54,28 @@ class EngineClient:
         self._gone: EngineFailure | None = None
         self._last_word = ""  # a connection-level `failed` the engine sent before closing
         self._reading = asyncio.ensure_future(self._read_loop())
+        self._watching = asyncio.ensure_future(self._watch())
 
     @classmethod
     async def connect(cls, address: str | Address | None, client_name: str, token: str | None = None,
-                      on_status: StatusCallback | None = None, timeout: float = 10.0) -> EngineClient:  # fmt: skip
+                      on_status: StatusCallback | None = None, timeout: float = 10.0,
+                      totals: bool = False, silence: float = SILENCE) -> EngineClient:  # fmt: skip
         """Connects and says hello (None: the default socket). EngineFailure "unreachable" if nothing
-        answers, or the engine's refusal ("version", "auth")."""
+        answers, or the engine's refusal ("version", "auth"). `totals`: ask for the service's totals in
+        status (every client's work together; granted to the service's own user on a Unix socket)."""
         where = address if isinstance(address, Address) else parse_address(address)
         try:
             reader, writer = await asyncio.wait_for(_open(where), timeout)
         except (OSError, TimeoutError) as err:
             raise EngineFailure("unreachable", f"nothing answers on {where}: {err or 'timed out'}") from None
         try:
-            wire.write(writer, wire.Hello(wire.VERSION, client_name, token))
+            wire.write(writer, wire.Hello(wire.VERSION, client_name, token, totals))
             answer = await asyncio.wait_for(wire.read(reader), timeout)
         except (OSError, TimeoutError, wire.WireError, asyncio.IncompleteReadError) as err:
             writer.close()
             raise EngineFailure("unreachable", f"{where} did not answer hello: {err or 'timed out'}") from None
         if isinstance(answer, wire.Welcome):
-            return cls(reader, writer, answer, on_status)
+            return cls(reader, writer, answer, on_status, silence)
         writer.close()
         if isinstance(answer, wire.Failed):
             raise EngineFailure(answer.kind, answer.message)
@@ -110,6 +121,7 @@ class EngineClient:
 
     async def close(self) -> None:
         """Ends the connection: requests still pending fail with "engine_gone"; the engine cancels them."""
+        self._watching.cancel()
         self._reading.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reading
@@ -164,12 +176,32 @@ class EngineClient:
         reason = "this client closed the connection"
         try:
             while (message := await wire.read(self._reader)) is not None:
+                self._heard = time.monotonic()
+                if not self.responding:
+                    self._set_responding(True)
                 self._dispatch(message)
             reason = "the engine closed the connection"
         except (wire.WireError, asyncio.IncompleteReadError, OSError) as err:
             reason = f"the connection to the engine broke: {err}"
         finally:
             self._end(reason + (f" ({self._last_word})" if self._last_word else ""))
+
+    async def _watch(self) -> None:
+        """Pings a quiet engine, and says when it stays silent past `silence` (see the class)."""
+        pinged = 0.0
+        while self._gone is None:
+            await asyncio.sleep(self.silence / 4)
+            quiet = time.monotonic() - self._heard
+            if quiet > self.silence / 2 and time.monotonic() - pinged > self.silence / 2:
+                pinged = time.monotonic()
+                self._send_now(wire.Status())  # a live engine answers it from its loop, busy model or not
+            if quiet > self.silence and self.responding:
+                self._set_responding(False)
+
+    def _set_responding(self, responding: bool) -> None:
+        self.responding = responding
+        if self.on_responding is not None:
+            _callback(self.on_responding, responding)
 
     def _dispatch(self, message: wire.Message) -> None:
         if isinstance(message, wire.Draft):
@@ -199,6 +231,7 @@ class EngineClient:
         if self._gone is not None:
             return
         self._gone = EngineFailure("engine_gone", reason)
+        self._watching.cancel()
         waiting = [future for future, _ in self._pending.values()] + self._status_waiters
         for future in waiting:
             if not future.done():

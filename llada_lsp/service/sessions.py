@@ -8,6 +8,13 @@ fronts never supersede or cancel each other, and a bad frame closes only the con
 
 Supersede: a newer request with the same key on the same connection cancels the older one, which
 answers `failed{kind: "cancelled"}` at once (as does a `cancel`); its job stops within one step.
+
+No connection may stall, bloat or read the others: before hello only a small frame is read, and only
+MAX_UNGREETED connections may be waiting to say it; `busy` is decided here, before any work, with a fair
+share per connection; a connection whose answers are not read is not read either (a write high-water
+mark); error texts and log lines are bounded and printable; each connection is told its own figures
+(the service's totals only to its own user, over the Unix socket, on request); status is pushed on
+every change, at most every STATUS_INTERVAL; after a half-close, what was received is still answered.
 """
 
 from __future__ import annotations
@@ -16,6 +23,11 @@ import asyncio
 import hmac
 import itertools
 import logging
+import os
+import select
+import socket
+import struct
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -34,8 +46,17 @@ from ..runtime.worker import ModelUnavailable, Ticket
 logger = logging.getLogger(__name__)
 
 HELLO_TIMEOUT = 10.0  # seconds a new connection has to say hello before it is closed
+HELLO_MAX = 4096  # bytes a frame may have before the hello is taken (and the token checked)
+MAX_UNGREETED = 128  # connections that may be waiting to say hello; more are closed at once
+WRITE_HIGH = 2**18  # unsent bytes past which a connection is no longer read until its peer reads
 DRAFT_BACKLOG = 2**20  # unsent bytes past which a connection's drafts are dropped (a front that is not reading)
-FAILURES = ((ModelUnavailable, "no_model"), (SelectionTooLong, "too_long"), (InstructionUnsupported, "unsupported"), (next_edit.NotSupported, "unsupported"),
+FRAMES_PER_TURN = 32  # frames one connection may have handled before the loop serves the others
+STATUS_INTERVAL = 0.25  # seconds between two status pushes to one connection, at least
+TEXT_MAX = 300  # characters of a peer's text (an error, a client name) in a message or a log line
+TOTALS = ("running", "queued", "steps", "batch_mean", "batch_max", "cache_blocks_used", "cache_blocks_free",
+          "cache_hit_rate")  # the backend's figures: every client's work together  # fmt: skip
+FAILURES = ((ModelUnavailable, "no_model"), (SelectionTooLong, "too_long"), (InstructionUnsupported, "unsupported"),
+            (next_edit.NotSupported, "unsupported"),
             (TooLong, "too_long"), (Busy, "busy"))  # fmt: skip
 
 
@@ -47,6 +68,14 @@ class Rejected(Exception):
         self.kind, self.message = kind, message
 
 
+def printable(text: str, limit: int = TEXT_MAX) -> str:
+    """`text` safe for a log line or a message: control characters (line ends, ANSI escapes) written
+    as escapes, at most `limit` characters, the rest counted."""
+    head = text[:limit]
+    safe = "".join(c if c.isprintable() else repr(c)[1:-1] for c in head)
+    return safe if len(text) <= limit else f"{safe}... ({len(text) - limit} more characters)"
+
+
 @dataclass(eq=False)
 class Session:
     """One connection that said hello: who it is, and its requests in flight (wire id -> ticket)."""
@@ -54,7 +83,12 @@ class Session:
     id: int
     client: str
     writer: asyncio.StreamWriter
+    totals: bool = False  # told the service's totals (its own user, who asked for them)
     pending: dict[int, Ticket] = field(default_factory=dict)
+    settled: asyncio.Event = field(default_factory=asyncio.Event)  # set while nothing is pending
+    pushed: tuple | None = None  # the last status pushed, as its key
+    pushed_at: float = float("-inf")
+    push_later: asyncio.TimerHandle | None = None
 
     @property
     def name(self) -> str:
@@ -66,6 +100,10 @@ class Session:
 
     def backlogged(self) -> bool:
         return self.writer.transport.get_write_buffer_size() > DRAFT_BACKLOG
+
+    def track(self) -> None:
+        """`settled` follows `pending` (call after every change of it)."""
+        self.settled.clear() if self.pending else self.settled.set()
 
 
 class EngineService:
@@ -81,10 +119,13 @@ class EngineService:
         self._ids = itertools.count(1)
         self._load_report: tuple[str, int] | None = None
         self._connections: set[asyncio.Task] = set()
+        self._ungreeted = 0
+        self.capacity = ModelSpec(None).max_batch + ModelSpec(None).max_queue  # requests in flight, all together
 
     # --- the model and its status ---------------------------------------------------------------
     def load(self, spec: ModelSpec) -> Ticket:
         """Loads the model on the worker; every connection is told how it goes (status frames)."""
+        self.capacity = spec.max_batch + spec.max_queue
         ticket = self.worker.load(spec, self._on_load_report)
         ticket.when_done(lambda _: self._on_loaded(spec))
         return ticket
@@ -99,17 +140,41 @@ class EngineService:
             logger.error("cannot load the model %s: %s", spec.name, self.worker.error)
         self.push_status()
 
-    def status(self) -> wire.Status:
+    def status(self, session: Session | None = None) -> wire.Status:
+        """The status as `session` may see it: its own requests in flight as `queue`, and the backend's
+        figures (every client's work together: they would tell one client about another's text, as a
+        prefix-cache hit does) only for a session granted the totals (None: the totals)."""
         worker = self.worker
         message, progress = self._load_report if worker.state == "loading" and self._load_report else (None, None)
-        queue = sum(len(s.pending) for s in self.sessions.values())
+        totals = session is None or session.totals
+        queue = sum(len(s.pending) for s in self.sessions.values()) if totals else len(session.pending)
+        figures = worker.stats() if totals else {}
         return wire.Status(worker.state, worker.spec.name, progress, message, worker.error, len(self.sessions), queue,
-                           **worker.stats())  # fmt: skip
+                           **{name: figures[name] for name in TOTALS if name in figures})  # fmt: skip
 
     def push_status(self) -> None:
-        status = self.status()
-        for session in self.sessions.values():
-            session.send(status)
+        """Tells every connection whose status changed (state, model, load progress, error, clients, its
+        queue), at most once per STATUS_INTERVAL: a change within it is pushed at its end."""
+        for session in list(self.sessions.values()):
+            self._push(session)
+
+    def _push(self, session: Session) -> None:
+        if self.sessions.get(session.id) is not session or session.push_later is not None:
+            return
+        status = self.status(session)
+        key = (status.state, status.model, status.progress, status.message, status.error, status.clients, status.queue)
+        if key == session.pushed:
+            return
+        wait = session.pushed_at + STATUS_INTERVAL - time.monotonic()
+        if wait > 0 or session.backlogged():  # a peer that is not reading gets the latest once it reads
+            def later() -> None:
+                session.push_later = None
+                self._push(session)
+
+            session.push_later = asyncio.get_running_loop().call_later(max(wait, STATUS_INTERVAL), later)
+            return
+        session.pushed, session.pushed_at = key, time.monotonic()
+        session.send(status)
 
     def limits(self) -> dict[str, int]:
         limits = {"max_frame": wire.MAX_FRAME}
@@ -124,20 +189,32 @@ class EngineService:
         task = asyncio.current_task()
         self._connections.add(task)
         session, name, reason, level = None, "a connection", "closed by the client", logging.INFO
+        # Past the mark, drain() waits: this connection is not read while its peer does not read.
+        writer.transport.set_write_buffer_limits(high=WRITE_HIGH)
         try:
             session = await self._greet(reader, writer)
             name = session.name
+            handled = 0
             while (message := await wire.read(reader)) is not None:
                 self._dispatch(session, message)
+                await writer.drain()
+                handled += 1
+                if handled % FRAMES_PER_TURN == 0:  # frames already buffered are read without a pause
+                    await asyncio.sleep(0)
+            if session.pending:  # a half-close: what was sent before it is still answered
+                answered = await self._answer_after_half_close(session, writer)
+                if answered:
+                    reason = f"closed its sending side; {answered} requests answered after it"
         except (Rejected, wire.WireError) as err:
             kind = err.kind if isinstance(err, Rejected) else "bad_request"
-            reason, level = f"refused ({kind}): {err}", logging.WARNING
+            text = printable(str(err))
+            reason, level = f"refused ({kind}): {text}", logging.WARNING
             if not writer.is_closing():
-                wire.write(writer, wire.Failed(None, kind, str(err)))
+                wire.write(writer, wire.Failed(None, kind, text))
         except TimeoutError:
             reason = f"no hello within {HELLO_TIMEOUT:.0f} s"
         except (asyncio.IncompleteReadError, ConnectionError) as err:
-            reason = f"dropped: {err or type(err).__name__}"
+            reason = f"dropped: {printable(str(err)) or type(err).__name__}"
         except asyncio.CancelledError:
             reason = "the engine is stopping"
         finally:
@@ -147,8 +224,27 @@ class EngineService:
             more = f"; {cancelled} requests cancelled" if cancelled else ""
             logger.log(level, "%s: %s%s", name, reason, more)
 
+    async def _answer_after_half_close(self, session: Session, writer: asyncio.StreamWriter) -> int:
+        """Waits for the requests in flight to be answered, unless the peer is gone altogether (its
+        answers would go nowhere: they are cancelled, as for any closed connection); how many were."""
+        waiting = len(session.pending)
+        if not _peer_gone(writer):  # over TCP, a peer that closed both ways answers this with a reset
+            session.send(self.status(session))
+        while session.pending and not writer.is_closing() and not _peer_gone(writer):
+            try:
+                await asyncio.wait_for(session.settled.wait(), 0.2)
+            except TimeoutError:
+                pass
+        return waiting - len(session.pending)  # the answers are flushed as the writer closes
+
     async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Session:
-        hello = await asyncio.wait_for(wire.read(reader), HELLO_TIMEOUT)
+        if self._ungreeted >= MAX_UNGREETED:
+            raise Rejected("busy", f"{MAX_UNGREETED} connections are already waiting to say hello")
+        self._ungreeted += 1
+        try:  # only a small frame before the token is checked: a stranger cannot make the service hold much
+            hello = await asyncio.wait_for(wire.read(reader, HELLO_MAX), HELLO_TIMEOUT)
+        finally:
+            self._ungreeted -= 1
         if hello is None:
             raise ConnectionResetError("closed before hello")
         if not isinstance(hello, wire.Hello):
@@ -158,11 +254,14 @@ class EngineService:
             raise Rejected("auth", "wrong or missing token")
         if hello.version != wire.VERSION:
             raise Rejected("version", f"this engine speaks protocol version {wire.VERSION}, the client {hello.version}")
-        session = Session(next(self._ids), hello.client[:80] or "client", writer)
+        totals = bool(hello.totals) and _same_user(writer)
+        session = Session(next(self._ids), printable(hello.client, 80) or "client", writer, totals)
+        session.track()
         self.sessions[session.id] = session
         worker = self.worker
         session.send(wire.Welcome(wire.VERSION, worker.spec.name, worker.state, list(self.modes), self.limits()))
         logger.info("%s: connected", session.name)
+        self.push_status()  # the others' client count
         return session
 
     def _dispatch(self, session: Session, message: wire.Message) -> None:
@@ -173,7 +272,7 @@ class EngineService:
             if ticket is not None:
                 ticket.cancel()  # answered by _answer, on the loop's next turn
         elif isinstance(message, wire.Status):
-            session.send(self.status())
+            session.send(self.status(session))
         else:
             raise wire.WireError(f"a client does not send {message.type}")
 
@@ -182,8 +281,12 @@ class EngineService:
         self.sessions.pop(session.id, None)
         tickets = list(session.pending.values())
         session.pending.clear()  # before the cancels: their answers have nowhere to go
+        session.track()
+        if session.push_later is not None:
+            session.push_later.cancel()
         for ticket in tickets:
             ticket.cancel()
+        self.push_status()  # the others' client count
         return len(tickets)
 
     async def close(self) -> None:
@@ -199,6 +302,11 @@ class EngineService:
         if problem is not None:
             session.send(wire.Failed(request.id, "bad_request", problem))
             return
+        busy = self._busy(session)
+        if busy is not None:  # decided before any work: the burst past the queue costs nothing
+            session.send(wire.Failed(request.id, "busy", busy))
+            return
+
         def send_draft(step: int, text: str) -> None:
             if not session.backlogged():  # a later draft or the done says it all anyway
                 session.send(wire.Draft(request.id, step, text))
@@ -208,9 +316,25 @@ class EngineService:
         label = f"{request.type} {session.name}:{request.id}"
         planner = next_edit.NextEditPlan if ours else make_plan
         plan = lambda model, ticket: planner(model, job, ticket)  # noqa: E731 - run on the backend
-        ticket = self.worker.submit(f"{session.id}:{request.key}", label, plan, on_draft)
+        ticket = self.worker.submit(f"{session.id}:{request.key}", label, plan, on_draft, group=session.id)
         session.pending[request.id] = ticket
+        session.track()
         ticket.when_done(lambda _: self._answer(session, request.id, ticket))  # after its drafts
+        self._push(session)
+
+    def _busy(self, session: Session) -> str | None:
+        """Why a new request of `session` is refused, or None. Past `capacity` requests in flight (all
+        connections), a connection may still add up to its fair share (capacity / connections with
+        requests in flight): a burst on one connection never makes another's single request busy."""
+        in_flight = sum(len(s.pending) for s in self.sessions.values())
+        if in_flight < self.capacity:
+            return None
+        asking = sum(1 for s in self.sessions.values() if s.pending or s is session)
+        share = max(1, self.capacity // asking)
+        if len(session.pending) < share:
+            return None
+        return (f"the engine is busy: {in_flight} requests are in flight, {len(session.pending)} of them this "
+                f"connection's (its share is {share})")  # fmt: skip
 
     def _problem(self, session: Session, request: wire.Infill | wire.Rewrite | wire.NextEdit) -> str | None:
         if request.id in session.pending:
@@ -225,7 +349,9 @@ class EngineService:
         if session.pending.get(request_id) is not ticket:  # the connection closed: nobody to tell
             return
         del session.pending[request_id]
+        session.track()
         session.send(_answer_of(request_id, ticket.future))
+        self._push(session)
 
 
 def _answer_of(request_id: int, future: Future) -> wire.Message:
@@ -236,4 +362,25 @@ def _answer_of(request_id: int, future: Future) -> wire.Message:
         return done_of(request_id, future.result())
     kind = error.kind if isinstance(error, BackendFailure) else next(
         (kind for cls, kind in FAILURES if isinstance(error, cls)), "internal")
-    return wire.Failed(request_id, kind, str(error) or type(error).__name__)
+    return wire.Failed(request_id, kind, printable(str(error), 4 * TEXT_MAX) or type(error).__name__)
+
+
+def _same_user(writer: asyncio.StreamWriter) -> bool:
+    """Whether the peer is a process of this service's user, as the kernel says (a Unix socket only:
+    over TCP nobody is known to be anyone)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None or sock.family != socket.AF_UNIX:
+        return False
+    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return uid == os.getuid()
+
+
+def _peer_gone(writer: asyncio.StreamWriter) -> bool:
+    """Whether a Unix socket's peer closed both ways (a half-close is only its sending side). TCP cannot
+    tell them apart here: a write to a peer that closed both ways fails, and closes the writer."""
+    sock = writer.get_extra_info("socket")
+    if sock is None or sock.family != socket.AF_UNIX:
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLHUP)
+    return any(events & select.POLLHUP for _, events in poller.poll(0))
