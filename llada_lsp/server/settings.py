@@ -25,6 +25,8 @@ class Settings:
     rewrite_mode: str = field(default="quality", metadata={"choices": MODES})
     max_completion_tokens: int = field(default=MAX_TOKENS, metadata={"range": (1, 512)})
     context_tokens: int = field(default=CONTEXT_TOKENS, metadata={"range": (64, 8192)})
+    # Typing through a suggestion revises it from where it stands (a warm start) instead of from masks.
+    revise: bool = field(default=True, metadata={"kind": "bool"})
     # Where the model runs (read at `initialize`; None: the command line's --engine).
     engine: str | None = field(default=None, metadata={"kind": "engine"})
 
@@ -82,6 +84,10 @@ def _check(value: Any, rule: dict) -> tuple[Any, str | None]:
         if isinstance(value, str):
             return value, None
         return None, f"expected auto, local, unix:PATH or tcp://HOST:PORT, got {value!r}"
+    if rule.get("kind") == "bool":
+        if isinstance(value, bool):
+            return value, None
+        return None, f"expected true or false, got {value!r}"
     if "choices" in rule:
         if value in rule["choices"]:
             return value, None

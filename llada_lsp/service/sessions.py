@@ -17,14 +17,14 @@ import hmac
 import itertools
 import logging
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from .. import wire
 from ..backends.base import Backend
 from ..backends.sglang_config import BackendFailure
 from ..completion.generation import ModelSpec
-from ..completion.jobs import done_of, from_wire
+from ..completion.jobs import Infill, done_of, from_wire
 from ..completion.pipeline import InstructionUnsupported, make_plan
 from ..completion.prompt import SelectionTooLong
 from ..errors import Busy, TooLong
@@ -110,11 +110,15 @@ class EngineService:
         for session in self.sessions.values():
             session.send(status)
 
+    @property
+    def revises(self) -> bool:
+        return getattr(self.worker, "revises", True)
+
     def limits(self) -> dict[str, int]:
         limits = {"max_frame": wire.MAX_FRAME}
         model = self.worker.model
         if model is not None:
-            limits |= {"max_positions": model.max_positions, "block_size": model.engine.block_size}
+            limits |= {"max_positions": model.max_positions, "block_size": model.block_size}
         return limits
 
     # --- connections ----------------------------------------------------------------------------
@@ -160,7 +164,8 @@ class EngineService:
         session = Session(next(self._ids), hello.client[:80] or "client", writer)
         self.sessions[session.id] = session
         worker = self.worker
-        session.send(wire.Welcome(wire.VERSION, worker.spec.name, worker.state, list(self.modes), self.limits()))
+        session.send(wire.Welcome(wire.VERSION, worker.spec.name, worker.state, list(self.modes), self.limits(),
+                                  None if self.revises else False))  # fmt: skip
         logger.info("%s: connected", session.name)
         return session
 
@@ -203,6 +208,8 @@ class EngineService:
                 session.send(wire.Draft(request.id, step, text))
 
         job, on_draft = from_wire(request), send_draft if request.drafts else None
+        if isinstance(job, Infill) and job.draft is not None and not self.revises:
+            job = replace(job, draft=None, typed=0)  # the backend starts from masks: a cold start, said in welcome
         label = f"{request.type} {session.name}:{request.id}"
         plan = lambda model, ticket: make_plan(model, job, ticket)  # noqa: E731 - run on the backend
         ticket = self.worker.submit(f"{session.id}:{request.key}", label, plan, on_draft)
