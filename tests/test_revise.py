@@ -141,3 +141,25 @@ def test_a_cold_job_is_todays_job(model):
     text, at = "def average(values):\n    return sum\n", 35
     plan = InfillPlan(model, Infill.at(text, at, "speed"), Never())
     assert plan.request.init_ids is None and plan.shown is None
+
+
+def test_the_status_says_when_the_engine_cannot_revise():
+    """A front on a service whose backend starts from masks (SGLang's welcome says so) revises nothing
+    and its llada.status says why; the setting off says revise false without a note."""
+    from llada_lsp.server.main import Launch, LladaServer
+    from llada_lsp.server.settings import Settings
+
+    class ColdEngine:
+        revises = False
+
+        def status(self) -> dict:
+            return {"engine": "unix:/tmp/e.sock", "model": "sglang+http://gpu:30000", "state": "ready"}
+
+    ls = LladaServer(Launch())
+    ls.completer = ColdEngine()
+    status = ls.status()
+    assert ls.revising is False and status["revise"] is False and "SGLang" in status["reviseNote"]
+    ls.completer.revises = True
+    assert ls.revising is True and ls.status()["revise"] is True and "reviseNote" not in ls.status()
+    ls.settings = Settings(revise=False)
+    assert ls.revising is False and "reviseNote" not in ls.status()
