@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("train", "train_main", "train the embedded model (CPU, resumable)"),
     "eval-infill": ("eval_infill", "eval_infill_main", "score infill on held-out standard-library files"),
     "eval-rewrite": ("eval_rewrite", "eval_rewrite_main", "rewrite held-out selections: parsed, applied, refused"),
+    "eval-typing": ("eval_typing", "eval_typing_main", "replay typing held-out files: what revisions save"),
 }
 
 
