@@ -6,6 +6,7 @@ local draft = require('llada.draft')
 local ghost = require('llada.ghost')
 local highlight = require('llada.highlight')
 local review = require('llada.review')
+local through = require('llada.through')
 
 local M = {}
 
@@ -87,6 +88,28 @@ local function dismiss_builtin(bufnr)
   vim.lsp.inline_completion.get({ bufnr = bufnr, on_accept = function() end })
 end
 
+--- The built-in completer's item, as it shows it at the cursor: typed through since its answer, it
+--- shows the rest, which is what is inserted (its own accept would insert the whole answer where it was
+--- made, repeating what was typed).
+---@param bufnr integer
+---@return boolean
+local function accept_builtin(bufnr)
+  local win = ghost.insert_window(bufnr)
+  local shown = win and through.builtin_at_cursor(bufnr, win)
+  if not shown then
+    return vim.lsp.inline_completion.get({ bufnr = bufnr })
+  end
+  local cursor, tick = api.nvim_win_get_cursor(win), api.nvim_buf_get_changedtick(bufnr)
+  return vim.lsp.inline_completion.get({
+    bufnr = bufnr,
+    on_accept = function()
+      if api.nvim_buf_is_valid(bufnr) and api.nvim_buf_get_changedtick(bufnr) == tick then
+        through.insert(bufnr, win, cursor, shown)
+      end
+    end,
+  })
+end
+
 --- The accept key: inserts what is on screen, and returns false when nothing is.
 ---@param bufnr integer
 ---@param fallback boolean
@@ -107,7 +130,7 @@ local function accept(bufnr, fallback)
     end
     return true
   end
-  return accepted ~= nil or (not fallback and vim.lsp.inline_completion.get({ bufnr = bufnr }))
+  return accepted ~= nil or (not fallback and accept_builtin(bufnr))
 end
 
 ---@param client vim.lsp.Client
