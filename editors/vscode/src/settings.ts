@@ -24,6 +24,7 @@ export interface LladaSettings {
     rewriteMode: Mode;
     maxCompletionTokens: number;
     contextTokens: number;
+    revise: boolean;
     server: ServerSettings;
 }
 
@@ -34,6 +35,7 @@ export interface InitializationOptions {
     rewriteMode: Mode;
     maxCompletionTokens: number;
     contextTokens: number;
+    revise: boolean;
 }
 
 export interface TcpAddress {
@@ -58,6 +60,7 @@ export function readSettings(config: SettingsSource): LladaSettings {
         rewriteMode: config.get<Mode>('rewriteMode', 'quality'),
         maxCompletionTokens: config.get<number>('maxCompletionTokens', 64),
         contextTokens: config.get<number>('contextTokens', 1024),
+        revise: config.get<boolean>('revise', true),
         server: {
             path: config.get<string>('server.path', 'llada-lsp').trim() || 'llada-lsp',
             args: config.get<string[]>('server.args', []),
@@ -76,6 +79,7 @@ export function toInitializationOptions(settings: LladaSettings): Initialization
         rewriteMode: settings.rewriteMode,
         maxCompletionTokens: settings.maxCompletionTokens,
         contextTokens: settings.contextTokens,
+        revise: settings.revise,
     };
     // An empty model means "the embedded model", which the server picks when the key is absent.
     if (settings.model !== '') {
