@@ -99,17 +99,25 @@ class InfillPlan(Plan):
         self.shown: str | None = job.draft if init_ids else None
 
     def on_draft(self, draft: Draft) -> tuple[int, str | None]:
-        codec, mask = self.codec, self.codec.special.mask
+        mask = self.codec.special.mask
         filled = draft.generated[: _first(draft.generated, mask)]
-        raw, ended = codec.text_of(filled)
-        raw = raw.removeprefix(self.heal_text)  # the first token starts with the text taken back
-        # Every position filled: nothing will be added, only revised (post steps).
-        completion = self._finish(raw, ended or len(filled) == self.gen_length)
+        completion = self._completion(filled)
         if completion.complete and (draft.final or completion.text == self.shown):
             self.stop.enough = True  # stable (for a step): further steps would mostly polish text past the unit
+        # A revision's draft reaches past the active block: the canvas there is still the draft, shown as
+        # it stands (not cut to the block), though only the blocks computed can end the generation.
+        init = self.request.init_ids or ()
+        if len(filled) == len(draft.generated) < len(init) and not completion.complete:
+            completion = self._completion(filled + list(init[len(filled) :]))
         changed = completion.text != self.shown or draft.step == 1
         self.shown = completion.text
         return draft.step, self.shown if changed else None
+
+    def _completion(self, filled: list[int]) -> Completion:
+        raw, ended = self.codec.text_of(filled)
+        raw = raw.removeprefix(self.heal_text)  # the first token starts with the text taken back
+        # Every position filled: nothing will be added, only revised (post steps).
+        return self._finish(raw, ended or len(filled) == self.gen_length)
 
     def finish(self, result: Result) -> Outcome:
         mask = self.codec.special.mask

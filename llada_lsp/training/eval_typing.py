@@ -20,7 +20,8 @@ from .eval_infill import sign_test
 
 @dataclass(frozen=True)
 class Span:
-    """Lines a user types into `path`, whose text is `before + text + after`."""
+    """Lines a user types into `path`, whose text is `before + text + after`: on the empty line the
+    user opened for them (`after` starts with its line end), their line ends included but the last."""
 
     path: str
     before: str
@@ -53,8 +54,8 @@ def make_spans(files: list[SourceFile], chars: int, seed: int, max_lines: int = 
         text = "".join(take)
         if not text.strip() or len(text) > max_chars or any(not line.strip() for line in take):
             continue
-        before = "".join(lines[:start])
-        spans.append(Span(f.path, before, text, "".join(lines[start + len(take) :])))
+        before, text = "".join(lines[:start]), text.removesuffix("\n")
+        spans.append(Span(f.path, before, text, "\n" + "".join(lines[start + len(take) :])))
         total += len(text)
     return spans
 
