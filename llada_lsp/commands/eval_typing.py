@@ -178,7 +178,7 @@ async def _warm_up(client: StdioClient) -> None:
 
 def eval_typing_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp eval-typing", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--chars", type=int, default=2600, help="characters to type per split (default: %(default)s; "
+    ap.add_argument("--chars", type=int, default=3000, help="characters to type per split (default: %(default)s; "
                     "Tab saves some, so keystrokes are fewer)")  # fmt: skip
     ap.add_argument("--seed", type=int, default=26, help="which spans are typed and the user's draws (default: 26)")
     ap.add_argument("--interval-ms", type=float, default=120, help="keystroke pacing (default: %(default)s)")
