@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import inspect
 import random
-import threading
 
 import pytest
 

@@ -38,7 +38,7 @@ class Front:
         self.client.feature(t.WINDOW_LOG_MESSAGE)(lambda params: None)
         self.text, self.version = SOURCE, 1
 
-    async def start(self) -> "Front":
+    async def start(self) -> Front:
         await self.client.start_io(sys.executable, "-m", "llada_lsp", "--threads", "1", *self.flags,
                                    env={**os.environ, **(self.env or {})})  # fmt: skip
         params = t.InitializeParams(capabilities=t.ClientCapabilities(), initialization_options=self.options)
@@ -166,7 +166,7 @@ class _Never:
         return False
 
 
-def start_service(socket: str, log_path: str, env: dict) -> "asyncio.subprocess.Process":
+def start_service(socket: str, log_path: str, env: dict):
     import subprocess
     import time
     from pathlib import Path

@@ -41,7 +41,7 @@ class StdioClient:
         self.reader = asyncio.ensure_future(self._read())
 
     @classmethod
-    async def start(cls, command: list[str]) -> "StdioClient":
+    async def start(cls, command: list[str]) -> StdioClient:
         process = await asyncio.create_subprocess_exec(*command, stdin=asyncio.subprocess.PIPE,
                                                        stdout=asyncio.subprocess.PIPE,
                                                        stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
