@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "eval-next-edit": ("eval_next_edit", "eval_next_edit_main", "next-edit suggestions on held-out commits, per configuration"),
     "edit-pairs": ("edit_pairs", "edit_pairs_main", "rebuild the next-edit cases from their manifest (git history)"),
     "tune-next-edit": ("tune_next_edit", "tune_next_edit_main", "fine-tune the embedded model on next edits (CPU, resumable)"),
+    "eval-typing": ("eval_typing", "eval_typing_main", "replay typing held-out files: what revisions save"),
 }
 
 

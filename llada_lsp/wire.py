@@ -64,6 +64,9 @@ class Welcome(Message):
     modes: list[str] = field(default_factory=list)  # the engine's decoding presets
     # max_frame always; max_positions and block_size once a model is ready
     limits: dict[str, int] = field(default_factory=dict)
+    # False: the backend cannot start a generation from a draft (SGLang), so an infill's `draft` is
+    # ignored (a cold start). Absent: it can.
+    revise: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,11 @@ class Infill(Message):
     max_tokens: int
     context_tokens: int
     drafts: bool = False  # send a `draft` frame per denoising step
+    # A revision (warm start): the rest of the suggestion the front last showed here, the canvas the
+    # generation starts from, and how many characters at the end of `before` were typed through since
+    # it began. Absent: a cold start from masks.
+    draft: str | None = None
+    typed: int | None = None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ Ids are the embedded tiny model's (llada_lsp/data/tiny). Waits are on answers an
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import asyncio
 import contextlib
 import json
@@ -303,6 +305,24 @@ async def test_a_completion_sends_the_plans_prompt_ids_and_answers_the_post_proc
 class _Never:
     def is_set(self) -> bool:
         return False
+
+
+async def test_a_revision_is_a_cold_start_and_the_welcome_says_so(short_dir, tiny):
+    """SGLang starts every generation from masks: the welcome tells the front (its status says cold
+    starts), and an infill carrying a draft is served exactly as one without (the same prompt, answer)."""
+    codec = tiny.codec
+    answer = Stream([codec.encode(" b  # the sum") + [codec.special.eos]], {"type": "stop", "matched": codec.special.eos})
+    with FakeSGLang(lambda body: answer) as fake:
+        async with service_on(SGLangBackend(fake.url), short_dir) as (address, _):
+            async with await EngineClient.connect(address, "editor") as client:
+                assert client.welcome.revise is False
+                await wait_status(client, lambda s: s.state == "ready")
+                cold = await ask(client, infill(client, RETURN))
+                warm = replace(infill(client, RETURN + " b"), draft="  # the sum", typed=2)
+                revised = await ask(client, warm)
+    assert cold.text == " b  # the sum" and revised.text == "  # the sum"
+    plan = InfillPlan(tiny, Infill.at(RETURN + " b\n", len(RETURN) + 2, "speed", 64, 1024), _Never())
+    assert fake.generated[1]["input_ids"] == plan.request.prompt_ids and plan.request.init_ids is None
 
 
 BODY = ("total = 0\n    for i in range(10):\n        total += i\n        total *= 2\n    for j in range(3):\n"

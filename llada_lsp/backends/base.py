@@ -23,6 +23,9 @@ class Backend(Protocol):
     error: str | None
     spec: Any  # what it serves; str() names it, `.name` too
     model: LoadedModel | None
+    # Whether a generation can start from a draft (init_ids); without the attribute it can (the native
+    # model thread). False: a revision (an infill's draft) is served as a cold start.
+    revises: bool
 
     def load(self, spec: Any, report: Report) -> Any:
         """Starts loading `spec`; returns the load's ticket (`when_done` to learn its end)."""

@@ -84,6 +84,8 @@ class SGLangWorker(KeyedJobs):
     """The Backend (backends/base.py) over SGLang servers. Everything runs on the event loop as tasks; plans are made on a thread (they
     tokenize); generation happens on the servers. `log(line)`: one line per job."""
 
+    revises = False  # SGLang starts every generation from masks: a revision is a cold start
+
     def __init__(self, loop: asyncio.AbstractEventLoop, log: Callable[[str], None], backend: SGLangBackend,
                  probe_every: tuple[float, float] = PROBE_EVERY):  # fmt: skip
         self.loop, self.log, self.backend, self.probe_every = loop, log, backend, probe_every

@@ -40,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
                     help="where the model runs: an engine service (`llada-lsp engine`) at an address, `local` (in this "
                     "process), or `auto` (default): the service at the default socket if one answers, else local. "
                     "With a service, --model/--device/--dtype/--threads are the service's own")  # fmt: skip
+    ap.add_argument("--no-revise", dest="revise", action="store_false",
+                    help="start every inline completion from masks, even while the user types through the last "
+                    "suggestion (the default revises it: the `revise` setting)")  # fmt: skip
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                     help="what the server logs on stderr (default: warning)")  # fmt: skip
     return ap
@@ -49,7 +52,8 @@ def serve_main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     log_format = "llada-lsp %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format=log_format)
-    defaults = Settings(model=args.model, inline_mode=args.inline_mode, rewrite_mode=args.rewrite_mode)
+    defaults = Settings(model=args.model, inline_mode=args.inline_mode, rewrite_mode=args.rewrite_mode,
+                        revise=args.revise)  # fmt: skip
     token = None
     try:
         if args.engine not in ("auto", "local"):

@@ -20,20 +20,28 @@ CONTEXT_TOKENS = 1024  # the prompt's budget, unless a request says otherwise (t
 
 @dataclass(frozen=True)
 class Infill:
-    """Complete at the cursor, which sits between `before` and `after` (the window, not the document)."""
+    """Complete at the cursor, which sits between `before` and `after` (the window, not the document).
+    A revision (warm start) also carries `draft`, the rest of the suggestion last shown here, which
+    the generation starts from instead of masks, and `typed`, how many characters at the end of
+    `before` the user typed through since that suggestion began: the unit completed is the one that
+    began before them (a block stays a block while its first lines are typed)."""
 
     before: str
     after: str
     mode: str
     max_tokens: int
     context_tokens: int
+    draft: str | None = None
+    typed: int = 0
 
     @classmethod
     def at(cls, text: str, cursor: int, mode: str, max_tokens: int = MAX_TOKENS,
-           context_tokens: int = CONTEXT_TOKENS) -> Infill:  # fmt: skip
+           context_tokens: int = CONTEXT_TOKENS, draft: str | None = None, typed: int = 0) -> Infill:  # fmt: skip
         """The job for a cursor at str index `cursor` of the whole document `text`."""
         before, after = window(text, cursor, cursor, context_tokens * CHARS_PER_TOKEN)
-        return cls(before, after, mode, max_tokens, context_tokens)
+        if draft is not None and typed > len(before):  # the suggestion began outside the window: start cold
+            draft, typed = None, 0
+        return cls(before, after, mode, max_tokens, context_tokens, draft, 0 if draft is None else typed)
 
 
 @dataclass(frozen=True)
@@ -93,7 +101,9 @@ def to_wire(job: Job, request_id: int, key: str, drafts: bool) -> wire.Infill | 
     as the tokenizer would see them."""
     before, after = without_surrogates(job.before), without_surrogates(job.after)
     if isinstance(job, Infill):
-        return wire.Infill(request_id, key, before, after, job.mode, job.max_tokens, job.context_tokens, drafts)
+        draft = None if job.draft is None else without_surrogates(job.draft)
+        return wire.Infill(request_id, key, before, after, job.mode, job.max_tokens, job.context_tokens, drafts,
+                           draft, job.typed if draft is not None else None)  # fmt: skip
     return wire.Rewrite(request_id, key, before, without_surrogates(job.selection), after, job.mode,
                         job.context_tokens, job.instruction, job.python, drafts)  # fmt: skip
 
@@ -101,7 +111,11 @@ def to_wire(job: Job, request_id: int, key: str, drafts: bool) -> wire.Infill | 
 def from_wire(request: wire.Infill | wire.Rewrite) -> Job:
     """The job a request frame carries: its window, as the front cut it."""
     if isinstance(request, wire.Infill):
-        return Infill(request.before, request.after, request.mode, request.max_tokens, request.context_tokens)
+        typed = request.typed or 0
+        if request.draft is None or not 0 <= typed <= len(request.before):  # a bad revision is a cold start
+            return Infill(request.before, request.after, request.mode, request.max_tokens, request.context_tokens)
+        return Infill(request.before, request.after, request.mode, request.max_tokens, request.context_tokens,
+                      request.draft, typed)  # fmt: skip
     return Rewrite(request.before, request.selection, request.after, request.mode, request.context_tokens,
                    request.instruction, request.python)  # fmt: skip
 

@@ -10,11 +10,12 @@ threads or how a backend generates: plain values in and out.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from typing import Callable
 
 from .generation import Draft, Flag, GenerationRequest, LoadedModel, Result, check_request
 from .jobs import Infill, Job, Outcome, Rewrite, trimmed
-from .postprocess import Cursor, bound_rewrite, finish, strip_special, unfence
+from .postprocess import Completion, Cursor, bound_rewrite, finish, strip_special, unfence
 from .prompt import CHARS_PER_TOKEN, Healed, heal, infill_prompt, rewrite_prompt
 from ..errors import Refused
 from .syntax import check_rewrite
@@ -73,7 +74,10 @@ class InfillPlan(Plan):
     complete (ended by the text, an end-of-text, or the last position filled) and unchanged for a step."""
 
     def __init__(self, model: LoadedModel, job: Infill, cancel: Flag):
-        codec, cursor = model.codec, cursor_context(job.before, job.after)
+        codec = model.codec
+        # A revision's unit is the one its suggestion began: the cursor as it was before the typing.
+        self.typed = job.before[len(job.before) - job.typed :] if job.draft is not None and job.typed else ""
+        cursor = cursor_context(job.before[: len(job.before) - len(self.typed)], job.after)
         self.codec, self.cursor = codec, cursor
         # The rest of a line fits in one block: a model that never ends the line costs one block, not two.
         limit = job.max_tokens if cursor.on_empty_line else min(job.max_tokens, model.block_size)
@@ -85,24 +89,35 @@ class InfillPlan(Plan):
         healed = heal(prompt, codec) or Healed(prompt.ids, "", None)
         self.heal_text = healed.text
         self.stop = _StopWhen(cancel)
+        # The typed text is in the prompt, never in the canvas: a revision cannot contradict it.
+        init_ids = None if job.draft is None else warm_ids(codec, healed, job.draft, cursor, self.gen_length)
         self.request = check_request(GenerationRequest(
             healed.ids, self.gen_length, job.mode, codec.special.mask, codec.special.eos, cancel=self.stop,
-            first_allowed=healed.allowed, priority=0,
+            init_ids=init_ids, first_allowed=healed.allowed, priority=0,
         ), model.max_positions)  # fmt: skip
-        self.shown: str | None = None
+        # A warm start expects its draft back: the first step that shows it unchanged and complete ends it.
+        self.shown: str | None = job.draft if init_ids else None
 
     def on_draft(self, draft: Draft) -> tuple[int, str | None]:
-        codec, mask = self.codec, self.codec.special.mask
+        mask = self.codec.special.mask
         filled = draft.generated[: _first(draft.generated, mask)]
-        raw, ended = codec.text_of(filled)
-        raw = raw.removeprefix(self.heal_text)  # the first token starts with the text taken back
-        # Every position filled: nothing will be added, only revised (post steps).
-        completion = finish(raw, self.cursor, ended or len(filled) == self.gen_length, self.chat)
+        completion = self._completion(filled)
         if completion.complete and (draft.final or completion.text == self.shown):
             self.stop.enough = True  # stable (for a step): further steps would mostly polish text past the unit
+        # A revision's draft reaches past the active block: the canvas there is still the draft, shown as
+        # it stands (not cut to the block), though only the blocks computed can end the generation.
+        init = self.request.init_ids or ()
+        if len(filled) == len(draft.generated) < len(init) and not completion.complete:
+            completion = self._completion(filled + list(init[len(filled) :]))
         changed = completion.text != self.shown or draft.step == 1
         self.shown = completion.text
         return draft.step, self.shown if changed else None
+
+    def _completion(self, filled: list[int]) -> Completion:
+        raw, ended = self.codec.text_of(filled)
+        raw = raw.removeprefix(self.heal_text)  # the first token starts with the text taken back
+        # Every position filled: nothing will be added, only revised (post steps).
+        return self._finish(raw, ended or len(filled) == self.gen_length)
 
     def finish(self, result: Result) -> Outcome:
         mask = self.codec.special.mask
@@ -113,8 +128,39 @@ class InfillPlan(Plan):
         if result.cancelled:
             return Outcome(self.shown or "", result.steps, result.seconds, "cancelled", tokens=tokens)
         raw, _ = self.codec.text_of(filled)
-        text = finish(raw.removeprefix(self.heal_text), self.cursor, True, self.chat).text
+        text = self._finish(raw.removeprefix(self.heal_text), True).text
         return Outcome(text, result.steps, result.seconds, "done", tokens=tokens)
+
+    def _finish(self, raw: str, ended: bool) -> Completion:
+        """The completion shown at the cursor. A revision cuts the typed text and the generation together
+        to the unit its suggestion began, then shows what follows the typed text."""
+        if not self.typed:
+            return finish(raw, self.cursor, ended, self.chat)
+        if self.chat:
+            raw, ended = unfence(strip_special(raw), ended)
+        completion = finish(self.typed + raw, self.cursor, ended)
+        if not completion.text.startswith(self.typed):  # the unit ended inside what was typed
+            return Completion("", True)
+        return Completion(completion.text[len(self.typed) :], completion.complete)
+
+
+def warm_ids(codec, healed: Healed, draft: str, cursor: Cursor, gen_length: int) -> list[int] | None:
+    """The canvas a revision starts from: the text token healing took back, the draft, and the end of
+    the unit (a line end; a blank line after a block), at most `gen_length` ids. The first id must be
+    one healing allows: the longest such id that starts the text, when its plain encoding has none.
+    None (a cold start) when no id fits."""
+    text = healed.text + draft + ("\n\n" if cursor.on_empty_line else "\n")
+    ids = codec.encode(text)
+    if healed.allowed is not None and ids and ids[0] not in set(healed.allowed):
+        texts, index = codec.token_index
+        for end in range(min(len(text), 64), len(healed.text) - 1, -1):
+            at = bisect_left(texts, text[:end])
+            if at < len(texts) and texts[at] == text[:end]:
+                ids = [index[at], *codec.encode(text[end:])]
+                break
+        else:
+            return None
+    return ids[:gen_length] or None
 
 
 class RewritePlan(Plan):

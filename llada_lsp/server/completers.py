@@ -33,6 +33,7 @@ class LocalCompleter:
     """The model in this process, on a ModelWorker thread."""
 
     address = "local"
+    revises = True  # the native engine starts from a draft
 
     def __init__(self, worker: ModelWorker):
         self.worker = worker
@@ -99,6 +100,11 @@ class RemoteCompleter:
 
     def _on_status(self, status: wire.Status) -> None:
         self._last = status
+
+    @property
+    def revises(self) -> bool:
+        """Whether the service's backend starts from a draft (its welcome says False for SGLang)."""
+        return self.client.welcome.revise is not False
 
     async def _connected(self) -> EngineClient:
         if self.client.gone is None:

@@ -37,6 +37,7 @@ from .history import History
 from .positions import UTF16
 from .protocol import REQUEST_FAILED, LladaProtocol
 from .settings import Settings, parse_settings
+from .suggestions import Suggestions
 from .transport import serve_stream
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class LladaServer(LanguageServer):
         self.launch, self.settings = launch, launch.defaults
         self.documents = Documents()
         self.history = History()  # the recent edits, for next-edit suggestions (server/next_edit.py)
+        self.suggestions = Suggestions()  # the last suggestion shown per document: what typing through revises
         self.completer: LocalCompleter | RemoteCompleter | None = None
         self._reconnect: asyncio.Task | None = None
         self._engine_error: str | None = None  # the named service did not answer
@@ -263,7 +265,16 @@ class LladaServer(LanguageServer):
             out = {"engine": self.engine_choice, "model": "", "state": "unavailable", "error": self._engine_error}
         else:
             out = {"engine": self.engine_choice, "model": ModelSpec(self.settings.model).name, "state": "loading"}
-        return {**out, "inlineMode": self.settings.inline_mode, "rewriteMode": self.settings.rewrite_mode}
+        out = {**out, "inlineMode": self.settings.inline_mode, "rewriteMode": self.settings.rewrite_mode,
+               "revise": self.revising}  # fmt: skip
+        if self.settings.revise and not self.revising and self.completer is not None:
+            out["reviseNote"] = "the engine service's backend (SGLang) starts every generation from masks: cold starts"
+        return out
+
+    @property
+    def revising(self) -> bool:
+        """Typing through a suggestion revises it (warm starts): the setting, where the engine can."""
+        return self.settings.revise and (self.completer is None or self.completer.revises)
 
     def push_status(self) -> None:
         """`llada/status` (what llada.status answers) when the engine, the model or the state changed
@@ -349,15 +360,19 @@ class LladaServer(LanguageServer):
     async def complete(self, doc: Document, offset: int, at: types.Position, method: str) -> str:
         """The inline completion at `offset`, with drafts to clients that asked for them. A newer request
         for the same document supersedes this one (it then answers RequestCancelled)."""
-        s, request_id = self.settings, self.protocol.msg_id
-        job = Infill.at(doc.text, offset, s.inline_mode, s.max_completion_tokens, s.context_tokens)
+        s, request_id, text = self.settings, self.protocol.msg_id, doc.text
+        revision = self.suggestions.revision(doc.uri, text, offset) if self.revising else None
+        job = Infill.at(text, offset, s.inline_mode, s.max_completion_tokens, s.context_tokens,
+                        *((revision.draft, revision.typed) if revision else ()))  # fmt: skip
         # Inside a word (`re|turn`) the answer replaces the word's rest, which a draft inserted at the
         # cursor would show twice: such a request sends no drafts, only its answer.
-        mid_word = offset < len(doc.text) and (doc.text[offset].isalnum() or doc.text[offset] == "_")
+        mid_word = offset < len(text) and (text[offset].isalnum() or text[offset] == "_")
         send = self._draft_sender(doc, request_id, at) if self.drafts and not mid_word else None
         outcome = await self.run_job(doc.uri, f"{method} {request_id}", job, send)
         if send is not None:
             send(outcome.steps, outcome.text, final=True)
+        if self.revising:
+            self.suggestions.remember(doc.uri, text, offset, revision if job.draft is not None else None, outcome.text)
         return outcome.text
 
     def _draft_sender(self, doc: Document, request_id, at: types.Position) -> Callable:

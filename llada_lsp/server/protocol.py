@@ -154,6 +154,7 @@ class LladaProtocol(LanguageServerProtocol):
     def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams):
         self._server.documents.close(params.text_document.uri)
         self._server.history.close(params.text_document.uri)
+        self._server.suggestions.forget(params.text_document.uri)
         if self._server.completer is not None:
             self._server.completer.cancel_key(params.text_document.uri)
             self._server.completer.cancel_key(f"next-edit:{params.text_document.uri}")

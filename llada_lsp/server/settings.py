@@ -30,6 +30,8 @@ class Settings:
     next_edit: bool = field(default=True, metadata={"kind": "bool"})
     next_edit_delay_ms: int = field(default=400, metadata={"range": (0, 60_000)})  # the client's idle time
     next_edit_history: bool = field(default=True, metadata={"kind": "bool"})  # False: prompts without recent edits
+    # Typing through a suggestion revises it from where it stands (a warm start) instead of from masks.
+    revise: bool = field(default=True, metadata={"kind": "bool"})
     # Where the model runs (read at `initialize`; None: the command line's --engine).
     engine: str | None = field(default=None, metadata={"kind": "engine"})
 

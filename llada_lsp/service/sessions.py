@@ -29,7 +29,7 @@ import socket
 import struct
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from .. import wire
@@ -37,7 +37,7 @@ from ..backends.base import Backend
 from ..backends.sglang_config import BackendFailure
 from ..completion import next_edit
 from ..completion.generation import ModelSpec
-from ..completion.jobs import done_of, from_wire
+from ..completion.jobs import Infill, done_of, from_wire
 from ..completion.pipeline import InstructionUnsupported, make_plan
 from ..completion.prompt import SelectionTooLong
 from ..errors import Busy, TooLong
@@ -176,6 +176,10 @@ class EngineService:
         session.pushed, session.pushed_at = key, time.monotonic()
         session.send(status)
 
+    @property
+    def revises(self) -> bool:
+        return getattr(self.worker, "revises", True)
+
     def limits(self) -> dict[str, int]:
         limits = {"max_frame": wire.MAX_FRAME}
         model = self.worker.model
@@ -259,7 +263,8 @@ class EngineService:
         session.track()
         self.sessions[session.id] = session
         worker = self.worker
-        session.send(wire.Welcome(wire.VERSION, worker.spec.name, worker.state, list(self.modes), self.limits()))
+        session.send(wire.Welcome(wire.VERSION, worker.spec.name, worker.state, list(self.modes), self.limits(),
+                                  None if self.revises else False))  # fmt: skip
         logger.info("%s: connected", session.name)
         self.push_status()  # the others' client count
         return session
@@ -313,6 +318,8 @@ class EngineService:
 
         ours = isinstance(request, wire.NextEdit)
         job, on_draft = (next_edit.from_wire if ours else from_wire)(request), send_draft if request.drafts else None
+        if isinstance(job, Infill) and job.draft is not None and not self.revises:
+            job = replace(job, draft=None, typed=0)  # the backend starts from masks: a cold start, said in welcome
         label = f"{request.type} {session.name}:{request.id}"
         planner = next_edit.NextEditPlan if ours else make_plan
         plan = lambda model, ticket: planner(model, job, ticket)  # noqa: E731 - run on the backend

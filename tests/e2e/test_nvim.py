@@ -533,3 +533,49 @@ def test_statusline_follows_the_engine_service(open_editor, engine_service):
         wait_for(lambda: "llada: ready speed" in screen.text(), "the statusline to say ready again", 60, screen.text)
     finally:
         screen.close()
+
+
+# Records the ghost text on screen after every keystroke's handlers have run (scheduled: after the
+# built-in completer's and the plugin's autocmds), so a test sees whether it ever left the screen.
+_SCREEN_PROBE = r"""
+local api = vim.api
+_G.llada_screen = {}
+api.nvim_create_autocmd({ 'TextChangedI', 'CursorMovedI' }, {
+  group = api.nvim_create_augroup('llada_screen', { clear = true }),
+  callback = function(args)
+    vim.schedule(function()
+      local line = api.nvim_get_current_line()
+      llada_screen[#llada_screen + 1] = { line = line, ghost = llada_probe.ghost(args.buf) or vim.NIL }
+    end)
+  end,
+})
+"""
+
+
+@pytest.mark.parametrize("path", ["builtin", "fallback"])
+def test_typing_through_a_suggestion_keeps_it_on_screen_and_tab_takes_the_rest(open_editor, path):
+    """Issue 26: the suggestion stays visible, trimmed by what was typed, while the user types three of
+    its characters (each step of the server is slow: the revised answers land well after each keystroke),
+    and Tab then inserts the rest as shown."""
+    if path == "builtin" and VERSION < (0, 12):
+        pytest.skip("vim.lsp.inline_completion needs Neovim 0.12")
+    editor = open_editor(env={"LLADA_LSP_TEST_STEP_DELAY_MS": "300"}, force_fallback=path == "fallback")
+    first = type_in_function_body(editor)
+    assert len(first["text"]) > 4 and "\n" not in first["text"][:3], first
+    editor.lua(_SCREEN_PROBE)
+    for k in range(1, 4):
+        editor.nvim.input(first["text"][k - 1].replace("<", "<lt>"))
+        wait_for(lambda: editor.lines()[BODY_LINE - 1] == INDENT + TYPED + first["text"][:k], "the typed character")
+        ghost = editor.ghost()
+        assert ghost and first["text"][k:].startswith(ghost["text"][:1]) and ghost["text"], (k, ghost)
+    screens = editor.lua("return llada_screen")
+    assert screens and all(s["ghost"] for s in screens), f"the suggestion left the screen: {screens!r}"
+    for s in screens:
+        typed = s["line"][len(INDENT + TYPED) :]
+        assert first["text"].startswith(typed), s
+        assert s["ghost"]["text"] and s["ghost"]["col"] == len(s["line"].encode()), s
+    shown = editor.lua("local g = llada_probe.ghost() vim.api.nvim_input('<Tab>') return g")
+    expected = INDENT + TYPED + first["text"][:3] + shown["text"].split("\n")[0]
+    wait_for(lambda: editor.lines()[BODY_LINE - 1] == expected, f"Tab to insert what is shown: {expected!r}", 10,
+             lambda: f"{editor.lines()!r}")  # fmt: skip
+    assert "\t" not in editor.text()

@@ -42,3 +42,25 @@ if os.environ.get("LLADA_LSP_TEST_SCRIPTED_NEXT_EDIT") == "1":
     import scripted_next_edit
 
     scripted_next_edit.install()
+
+# With LLADA_LSP_TEST_CANVAS_LOG set to a path, every sequence the native engine takes appends one JSON
+# line there: the ids its canvas starts from in the generated region (masks included) and the mask id,
+# so a test sees whether a generation started from a draft (a warm start) or from masks.
+_canvas_log = os.environ.get("LLADA_LSP_TEST_CANVAS_LOG")
+if _canvas_log:
+    import json
+
+    from llada_lsp.backends import native  # no torch: the engine is imported when a model loads
+
+    _add = native.NativeBatch.add
+
+    def _logged_add(self, request) -> int:
+        seq_id = _add(self, request)
+        seq = next(e.seq for e in self.scheduler.waiting if e.id == seq_id)
+        start = seq.P
+        canvas = seq.host[start : start + seq.settings.gen_length]
+        with open(_canvas_log, "a") as log:
+            log.write(json.dumps({"canvas": canvas, "mask": seq.settings.mask_id}) + "\n")
+        return seq_id
+
+    native.NativeBatch.add = _logged_add

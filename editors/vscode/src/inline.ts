@@ -6,6 +6,7 @@
  *  request it came from, so nothing of that request shows again. */
 import * as vscode from 'vscode';
 import { Draft, DraftStore, shownText } from './drafts';
+import { Shown, restAfterTyping } from './through';
 
 type InlineResult = vscode.InlineCompletionItem[] | vscode.InlineCompletionList | null | undefined;
 
@@ -31,6 +32,8 @@ interface Key {
     character: number;
     /** The suggest widget's selected item changes what the completion continues from. */
     selected: string | undefined;
+    /** The cursor line's text (not compared: the version says it). */
+    lineText: string;
 }
 
 interface InFlight {
@@ -58,6 +61,8 @@ export class InlineCompletions {
     private inFlight: InFlight | undefined;
     private nextId = 1;
     private shown = false;
+    /** The suggestion last served: typed through, its rest is served until the revised one comes. */
+    private lastShown: Shown | undefined;
 
     constructor(
         private readonly events: InlineEvents,
@@ -81,6 +86,7 @@ export class InlineCompletions {
             line: position.line,
             character: position.character,
             selected: context.selectedCompletionInfo?.text,
+            lineText: lineText(document, position.line),
         };
         let inFlight = this.inFlight;
         if (inFlight === undefined || !sameKey(inFlight.key, key)) {
@@ -101,6 +107,12 @@ export class InlineCompletions {
                 // The completion ended empty: an empty list takes an earlier draft off the screen.
                 return [];
             }
+        }
+        const rest = restAfterTyping(this.lastShown, key);
+        if (rest !== undefined) {
+            // Typed through: what is left of it stays on screen; its request's drafts replace it.
+            inFlight.servedDraft = true;
+            return this.items(inFlight, [rest], position);
         }
         const request = inFlight;
         return untilCancelled(request.answer, token).then((texts) => this.items(request, texts, position));
@@ -143,6 +155,9 @@ export class InlineCompletions {
     /** Drops everything kept for a closed document. */
     forget(uri: string): void {
         this.drafts.forget(uri);
+        if (this.lastShown?.uri === uri) {
+            this.lastShown = undefined;
+        }
         this.cancel(uri);
     }
 
@@ -221,6 +236,10 @@ export class InlineCompletions {
         }
         if (texts.length > 0 && this.inFlight === inFlight) {
             this.setShown(true);
+            const { uri, line, character, lineText } = inFlight.key;
+            this.lastShown = { uri, line, character, lineText, text: texts[0] };
+        } else if (this.inFlight === inFlight) {
+            this.lastShown = undefined; // the empty answer takes it off the screen: nothing to type through
         }
         const command: vscode.Command = { title: 'Accept LLaDA completion', command: ACCEPTED_COMMAND, arguments: [inFlight.id] };
         return texts.map((text) => new vscode.InlineCompletionItem(text, new vscode.Range(position, position), command));
@@ -232,6 +251,11 @@ export class InlineCompletions {
             void vscode.commands.executeCommand('setContext', SHOWN_CONTEXT, shown);
         }
     }
+}
+
+/** The text of a line (a document that cannot say: none). */
+function lineText(document: vscode.TextDocument, line: number): string {
+    return line < document.lineCount ? document.lineAt(line).text : '';
 }
 
 function sameKey(a: Key, b: Key): boolean {

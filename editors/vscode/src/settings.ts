@@ -26,6 +26,7 @@ export interface LladaSettings {
     contextTokens: number;
     nextEdit: boolean;
     nextEditDelayMs: number;
+    revise: boolean;
     server: ServerSettings;
 }
 
@@ -38,6 +39,7 @@ export interface InitializationOptions {
     contextTokens: number;
     nextEdit: boolean;
     nextEditDelayMs: number;
+    revise: boolean;
 }
 
 export interface TcpAddress {
@@ -64,6 +66,7 @@ export function readSettings(config: SettingsSource): LladaSettings {
         contextTokens: config.get<number>('contextTokens', 1024),
         nextEdit: config.get<boolean>('nextEdit', true),
         nextEditDelayMs: config.get<number>('nextEditDelayMs', 400),
+        revise: config.get<boolean>('revise', true),
         server: {
             path: config.get<string>('server.path', 'llada-lsp').trim() || 'llada-lsp',
             args: config.get<string[]>('server.args', []),
@@ -84,6 +87,7 @@ export function toInitializationOptions(settings: LladaSettings): Initialization
         contextTokens: settings.contextTokens,
         nextEdit: settings.nextEdit,
         nextEditDelayMs: settings.nextEditDelayMs,
+        revise: settings.revise,
     };
     // An empty model means "the embedded model", which the server picks when the key is absent.
     if (settings.model !== '') {

@@ -311,3 +311,39 @@ test('Tab accepts our ghost text even where it starts with indentation, where VS
     }
     assert.ok(!terms.includes('inlineSuggestionHasIndentationLessThanTabSize'));
 });
+
+test('typing through the suggestion serves its rest at once; the revised draft then replaces it', async () => {
+    const { next, sent } = server();
+    const { inline } = inlineCompletions();
+    const waiting = inline.provide(document, cursor, context, call(), next);
+    sent[0].answer([new mock.InlineCompletionItem('return x') as vscode.InlineCompletionItem]);
+    assert.deepEqual(texts(await waiting), ['return x']);
+
+    const typed = new mock.TextDocument(mock.Uri.parse(URI), 'def f(x):\n    re', 4) as unknown as vscode.TextDocument;
+    const after = new mock.Position(1, 6) as vscode.Position;
+    const [item] = items(await inline.provide(typed, after, context, call(), next));
+    assert.equal(item.insertText, 'turn x', 'what is left of it, without waiting for the server');
+    assert.ok(item.range !== undefined && item.range.isEmpty && item.range.start.character === 6);
+    assert.equal(sent.length, 2, 'the revised suggestion is asked for meanwhile');
+
+    const moved = { range: { start: { line: 1, character: 6 }, end: { line: 1, character: 6 } } };
+    assert.equal(inline.receive(draft({ version: 4, text: 'turn x + 1', ...moved }), editor(4, after)), true);
+    assert.deepEqual(texts(await inline.provide(typed, after, context, call(), next)), ['turn x + 1']);
+
+    // Tab takes what is shown, and ends the request it came from.
+    assert.deepEqual(item.command?.arguments, [2]);
+    inline.accepted(2);
+    assert.equal(sent[1].token.isCancellationRequested, true);
+});
+
+test('a keystroke the suggestion does not go on with shows nothing of it', async () => {
+    const { next, sent } = server();
+    const { inline } = inlineCompletions();
+    const waiting = inline.provide(document, cursor, context, call(), next);
+    sent[0].answer([new mock.InlineCompletionItem('return x') as vscode.InlineCompletionItem]);
+    await waiting;
+    const typed = new mock.TextDocument(mock.Uri.parse(URI), 'def f(x):\n    x', 4) as unknown as vscode.TextDocument;
+    const later = inline.provide(typed, new mock.Position(1, 5) as vscode.Position, context, call(), next);
+    sent[1].answer([new mock.InlineCompletionItem(' = 1') as vscode.InlineCompletionItem]);
+    assert.deepEqual(texts(await later), [' = 1'], 'the call waited for the new answer');
+});

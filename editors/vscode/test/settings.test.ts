@@ -14,7 +14,7 @@ beforeEach(() => mock.reset());
 test('defaults map to the protocol defaults and leave the model to the server', () => {
     const options = toInitializationOptions(readSettings(mock.configuration({})));
     assert.deepEqual(options, { inlineMode: 'speed', rewriteMode: 'quality', maxCompletionTokens: 64, contextTokens: 1024,
-                                nextEdit: true, nextEditDelayMs: 400 });
+                                nextEdit: true, nextEditDelayMs: 400, revise: true });
     assert.equal('model' in options, false);
 });
 
@@ -25,6 +25,7 @@ test('settings map to camelCase initializationOptions without the client-side ke
         'rewriteMode': 'speed',
         'maxCompletionTokens': 128,
         'contextTokens': 2048,
+        'revise': false,
         'server.path': '/opt/llada/bin/llada-lsp',
         'server.args': ['--device', 'cuda'],
         'server.tcp': '127.0.0.1:2087',
@@ -37,6 +38,7 @@ test('settings map to camelCase initializationOptions without the client-side ke
     assert.deepEqual(toInitializationOptions(settings), {
         model: 'GSAI-ML/LLaDA-8B-Instruct', inlineMode: 'quality', rewriteMode: 'speed', maxCompletionTokens: 128, contextTokens: 2048,
         nextEdit: false, nextEditDelayMs: 250,
+        revise: false,
     });
     assert.deepEqual(settings.server, {
         path: '/opt/llada/bin/llada-lsp', args: ['--device', 'cuda'], tcp: '127.0.0.1:2087', engine: 'local', tokenFile: '/run/token',

@@ -118,6 +118,14 @@ export class TextDocument {
         return this.text;
     }
 
+    get lineCount(): number {
+        return this.text.split('\n').length;
+    }
+
+    lineAt(line: number): { text: string } {
+        return { text: this.text.split('\n')[line] ?? '' };
+    }
+
     offsetAt(position: Position): number {
         const lines = this.text.split('\n');
         const line = Math.min(Math.max(position.line, 0), lines.length - 1);

@@ -14,6 +14,7 @@ local M = {}
 ---@field inline_mode "speed"|"quality"
 ---@field rewrite_mode "speed"|"quality"
 ---@field max_completion_tokens integer
+---@field revise boolean Typing through a suggestion revises it (a warm start) instead of starting over.
 ---@field filetypes? string[] nil attaches to every file buffer.
 ---@field root_markers string[]
 ---@field keymaps llada.Keymaps
@@ -30,6 +31,7 @@ M.defaults = {
   inline_mode = 'speed',
   rewrite_mode = 'quality',
   max_completion_tokens = 64,
+  revise = true,
   filetypes = nil,
   root_markers = { '.git' },
   keymaps = { accept = '<Tab>', rewrite = '<leader>lr' },
@@ -74,6 +76,7 @@ function M.resolve(opts)
   vim.validate('max_completion_tokens', cfg.max_completion_tokens, function(v)
     return type(v) == 'number' and v >= 1 and v <= 512 and v == math.floor(v)
   end, 'integer in 1..512')
+  vim.validate('revise', cfg.revise, 'boolean')
   vim.validate('filetypes', cfg.filetypes, 'table', true)
   vim.validate('root_markers', cfg.root_markers, 'table')
   vim.validate('keymaps', cfg.keymaps, 'table')
@@ -115,6 +118,7 @@ function M.init_options(cfg)
     maxCompletionTokens = cfg.max_completion_tokens,
     nextEdit = cfg.next_edit,
     nextEditDelayMs = cfg.next_edit_delay_ms,
+    revise = cfg.revise,
   }
 end
 

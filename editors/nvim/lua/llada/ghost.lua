@@ -1,6 +1,7 @@
 --- Ghost text: one extmark per buffer in the `llada` namespace, and the fallback completer that feeds it
 --- where Neovim has no vim.lsp.inline_completion (0.11). Knows nothing about drafts or commands.
 local api = vim.api
+local through = require('llada.through')
 
 local M = {}
 
@@ -11,6 +12,7 @@ M.ns = api.nvim_create_namespace('llada')
 ---@field row integer 0-based
 ---@field col integer 0-based byte column
 ---@field tick integer changedtick the text was drawn for
+---@field line string the text of line {row} then
 ---@field kind "draft"|"answer"
 
 ---@class llada.GhostBuffer
@@ -57,7 +59,8 @@ function M.show(bufnr, row, col, text, kind)
   })
   if buffers[bufnr] then
     local tick = api.nvim_buf_get_changedtick(bufnr)
-    buffers[bufnr].item = { text = text, row = row, col = col, tick = tick, kind = kind }
+    local line = api.nvim_buf_get_lines(bufnr, row, row + 1, true)[1]
+    buffers[bufnr].item = { text = text, row = row, col = col, tick = tick, line = line, kind = kind }
   end
 end
 
@@ -173,7 +176,7 @@ function M.attach(bufnr, client, opts)
     group = opts.group,
     buffer = bufnr,
     callback = function()
-      M.clear(bufnr)
+      M.keep_typed_through(bufnr)
       if state.timer then
         state.timer:start(opts.debounce_ms, 0, vim.schedule_wrap(function()
           if api.nvim_buf_is_valid(bufnr) and buffers[bufnr] == state then
@@ -194,6 +197,30 @@ function M.attach(bufnr, client, opts)
       M.clear(bufnr)
     end,
   })
+end
+
+--- After a keystroke: the fallback completer's ghost text stays on screen, trimmed, while the user types
+--- the start of it (the revised answer replaces it); anything else clears it. With the built-in
+--- completer, which trims its own answer, the plugin's ghost (a draft) is cleared.
+---@param bufnr integer
+function M.keep_typed_through(bufnr)
+  local state = buffers[bufnr]
+  local item = state and state.item
+  local win = M.insert_window(bufnr)
+  local rest
+  if item and win and state.fallback then
+    local cursor = api.nvim_win_get_cursor(win)
+    rest = through.rest(item, api.nvim_get_current_line(), { cursor[1] - 1, cursor[2] })
+    if rest == item.text and cursor[2] == item.col then
+      return -- the same text at the same place (the second event of one keystroke)
+    end
+  end
+  if rest then
+    local cursor = api.nvim_win_get_cursor(win)
+    M.show(bufnr, cursor[1] - 1, cursor[2], rest, item.kind)
+  else
+    M.clear(bufnr)
+  end
 end
 
 ---@param bufnr integer

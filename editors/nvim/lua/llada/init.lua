@@ -7,6 +7,7 @@ local ghost = require('llada.ghost')
 local highlight = require('llada.highlight')
 local next_edit = require('llada.next_edit')
 local review = require('llada.review')
+local through = require('llada.through')
 
 local M = {}
 
@@ -132,6 +133,28 @@ local function on_status(_, params, ctx)
   redraw_status()
 end
 
+--- The built-in completer's item, as it shows it at the cursor: typed through since its answer, it
+--- shows the rest, which is what is inserted (its own accept would insert the whole answer where it was
+--- made, repeating what was typed).
+---@param bufnr integer
+---@return boolean
+local function accept_builtin(bufnr)
+  local win = ghost.insert_window(bufnr)
+  local shown = win and through.builtin_at_cursor(bufnr, win)
+  if not shown then
+    return vim.lsp.inline_completion.get({ bufnr = bufnr })
+  end
+  local cursor, tick = api.nvim_win_get_cursor(win), api.nvim_buf_get_changedtick(bufnr)
+  return vim.lsp.inline_completion.get({
+    bufnr = bufnr,
+    on_accept = function()
+      if api.nvim_buf_is_valid(bufnr) and api.nvim_buf_get_changedtick(bufnr) == tick then
+        through.insert(bufnr, win, cursor, shown)
+      end
+    end,
+  })
+end
+
 --- The accept key: inserts what is on screen, and returns false when nothing is.
 ---@param bufnr integer
 ---@param fallback boolean
@@ -152,7 +175,7 @@ local function accept(bufnr, fallback)
     end
     return true
   end
-  if accepted ~= nil or (not fallback and vim.lsp.inline_completion.get({ bufnr = bufnr })) then
+  if accepted ~= nil or (not fallback and accept_builtin(bufnr)) then
     return true
   end
   return next_edit.tab(bufnr) -- no inline completion shown: the next edit's jump or accept
