@@ -179,3 +179,19 @@ async def test_a_job_that_raises_answers_its_request_and_the_thread_goes_on():
         await asyncio.wrap_future(worker.submit("doc", "boom", boom).future)
     assert await asyncio.wrap_future(worker.submit("doc", "next", stepping(1)).future) == ("model m", 1)
     assert worker.stop()
+
+
+async def test_a_plan_without_a_group_runs(one_torch_thread):
+    """The in-process front submits plans with no group (no connection): they take their turn as any
+    other (a None group once read as "no group may start" and the request waited forever)."""
+    from llada_lsp.backends import native
+    from llada_lsp.completion.jobs import Infill
+    from llada_lsp.completion.pipeline import make_plan
+
+    worker = native.start(asyncio.get_running_loop(), lambda line: None)
+    await asyncio.wrap_future(worker.load(ModelSpec(None, threads=1), lambda *_: None).future)
+    job = Infill.at("def f(x):\n    return ", 21, "speed", 8)
+    ticket = worker.submit("doc", "inline", lambda model, t: make_plan(model, job, t))
+    outcome = await asyncio.wait_for(asyncio.wrap_future(ticket.future), 60)
+    assert outcome.steps >= 1
+    assert worker.stop()

@@ -43,7 +43,7 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
     from ..training.edit_pairs import read_jsonl_gz
     from ..training.edit_tune import edit_batch, edit_loss, served_example
     from ..training.objective import block_diffusion_loss, training_mask
-    from ..training.train import Batches, balance_experts, export
+    from ..training.train import Batches, export, update
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -109,11 +109,7 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
                 infill_loss, infill_stats = block_diffusion_loss(model, next(infill), mask_id, block, 0.15, 0.1, allow, gen)
                 loss = loss + infill_loss
                 stats["infill_acc"] = infill_stats["mask_acc"]
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            balance_experts(model)
+            update(model, opt, params, loss)
             step += 1
             log.append({"step": step, "loss": loss.item(), **stats})
             if step % 5 == 0:

@@ -42,6 +42,7 @@ class ModelUnavailable(RuntimeError):
 # loader(spec, report(message, percent), cancelled()) -> the loaded model
 Loader = Callable[[ModelSpec, Callable[[str, int], None], Callable[[], bool]], Any]
 START_BUDGET = 0.05  # seconds of job starts (prompt building) between two denoising steps, at most
+_NO_TURN = object()  # _next_group's "no group may start a job now"
 LOAD_KEY = "\0load"  # a newer load supersedes a queued one; no request key (a URI, "conn:key") is like it
 
 
@@ -195,7 +196,7 @@ class ModelWorker(KeyedJobs):
             if self.live and time.perf_counter() > deadline:
                 return
             group = self._next_group()
-            if group is None:
+            if group is _NO_TURN:
                 return
             tickets = self.held[group]
             ticket = tickets[0]
@@ -220,7 +221,8 @@ class ModelWorker(KeyedJobs):
 
     def _next_group(self):
         """The first group in turn that may start its next job: one under its share of the rows (or
-        whose next job is cancelled or a load); None if every group with jobs has its share running."""
+        whose next job is cancelled or a load); _NO_TURN if every group with jobs has its share running
+        (a group may be None: the in-process front's jobs have no connection)."""
         rows = getattr(self.model.batch, "max_rows", None) if self.model is not None else None
         if rows is None:
             return next(iter(self.held))
@@ -229,7 +231,7 @@ class ModelWorker(KeyedJobs):
         for group, tickets in self.held.items():
             if tickets[0].is_set() or tickets[0].loads or self._rows[group] < share:
                 return group
-        return None
+        return _NO_TURN
 
     def _has_room(self) -> bool:
         """Whether a started plan would get a row soon: jobs wait here, in turn order, rather than in the

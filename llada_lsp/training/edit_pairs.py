@@ -120,13 +120,14 @@ def hunks(before: str, after: str) -> list[Hunk]:
         if tag == "equal":
             continue
         old, new = "".join(a[i1:i2]), "".join(b[j1:j2])
-        p = _common_prefix(old, new)
-        s = _common_suffix(old[p:], new[p:])
+        p = common_prefix(old, new)
+        s = common_suffix(old[p:], new[p:])
         out.append(Hunk(starts[i1] + p, starts[i2] - s, new[p:len(new) - s]))
     return out
 
 
-def _common_prefix(x: str, y: str) -> int:
+def common_prefix(x: str, y: str) -> int:
+    """How many characters x and y share at their start."""
     n = min(len(x), len(y))
     i = 0
     while i < n and x[i] == y[i]:
@@ -134,7 +135,8 @@ def _common_prefix(x: str, y: str) -> int:
     return i
 
 
-def _common_suffix(x: str, y: str) -> int:
+def common_suffix(x: str, y: str) -> int:
+    """How many characters x and y share at their end."""
     n = min(len(x), len(y))
     i = 0
     while i < n and x[-1 - i] == y[-1 - i]:

@@ -25,29 +25,13 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-from .edit_pairs import apply
-
-
-def _prefix(x: str, y: str) -> int:
-    n = min(len(x), len(y))
-    i = 0
-    while i < n and x[i] == y[i]:
-        i += 1
-    return i
-
-
-def _suffix(x: str, y: str) -> int:
-    n = min(len(x), len(y))
-    i = 0
-    while i < n and x[-1 - i] == y[-1 - i]:
-        i += 1
-    return i
+from .edit_pairs import apply, common_prefix, common_suffix
 
 
 def changed_region(old: str, new: str) -> tuple[int, int, str]:
     """The smallest (start, end, text) with old[:start] + text + old[end:] == new."""
-    p = _prefix(old, new)
-    s = _suffix(old[p:], new[p:])
+    p = common_prefix(old, new)
+    s = common_suffix(old[p:], new[p:])
     return p, len(old) - s, new[p:len(new) - s]
 
 
@@ -84,8 +68,8 @@ def delta_chrf(original: str, expected: str, actual: str, order: int = 6, beta: 
     No expected change and none made: 100. One of the two empty: 0."""
     # Only the span where any of the three differ matters (n-grams elsewhere cancel): cut it out with
     # order-1 characters either side so every n-gram touching a change is whole.
-    p = min(_prefix(original, expected), _prefix(original, actual))
-    s = min(_suffix(original[p:], expected[p:]), _suffix(original[p:], actual[p:]))
+    p = min(common_prefix(original, expected), common_prefix(original, actual))
+    s = min(common_suffix(original[p:], expected[p:]), common_suffix(original[p:], actual[p:]))
     lo, keep = max(0, p - (order - 1)), max(0, s - (order - 1))
     o, e, a = (_collapse(t[lo:len(t) - keep]) for t in (original, expected, actual))
     precisions, recalls = [], []

@@ -58,6 +58,15 @@ def lr_at(step: int, progress: float, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
+def update(model: LLaDA2, opt: torch.optim.Optimizer, params: list, loss: torch.Tensor) -> None:
+    """One optimizer step on `loss`: gradients clipped to norm 1, then the experts' balance nudged."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    balance_experts(model)
+
+
 def balance_experts(model: LLaDA2, rate: float = 1e-3) -> None:
     """Auxiliary-loss-free load balancing: nudge each expert's selection bias toward equal load."""
     for layer in model.model.layers:
@@ -203,11 +212,7 @@ def train(run: TrainSettings) -> None:
             with amp():
                 loss, stats = block_diffusion_loss(model, x, special.mask, run.block, run.edit_ratio,
                                                    run.keep_weight, allow, gen, run.confidence_weight, run.self_fill)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            balance_experts(model)
+            update(model, opt, params, loss)
             step += 1
             losses.append(loss.item())
             tokens_seen += x.numel()
