@@ -223,7 +223,7 @@ class ModelWorker(KeyedJobs):
         """The first group in turn that may start its next job: one under its share of the rows (or
         whose next job is cancelled or a load); _NO_TURN if every group with jobs has its share running
         (a group may be None: the in-process front's jobs have no connection)."""
-        rows = getattr(self.model.batch, "max_rows", None) if self.model is not None else None
+        rows = getattr(getattr(self.model, "batch", None), "max_rows", None)
         if rows is None:
             return next(iter(self.held))
         busy = set(self.held) | {group for group, n in self._rows.items() if n}
@@ -236,7 +236,7 @@ class ModelWorker(KeyedJobs):
     def _has_room(self) -> bool:
         """Whether a started plan would get a row soon: jobs wait here, in turn order, rather than in the
         batch's own queue, where a burst that came first would be served first."""
-        batch = self.model.batch if self.model is not None else None
+        batch = getattr(self.model, "batch", None)
         return batch is None or not hasattr(batch, "has_room") or batch.has_room()
 
     def _start(self, ticket: Ticket) -> None:
