@@ -45,6 +45,10 @@ class Front:
         await asyncio.wait_for(self.client.initialize_async(params), TIMEOUT)
         self.client.initialized(t.InitializedParams())
         self.client.text_document_did_open(t.DidOpenTextDocumentParams(t.TextDocumentItem(URI, "python", 1, SOURCE)))
+        for _ in range(300):  # completions asked while the model loads answer nothing at once (issue 24)
+            if (await self.status())["state"] != "loading":
+                break
+            await asyncio.sleep(0.2)
         return self
 
     def type(self, line: int, character: int, text: str) -> None:
