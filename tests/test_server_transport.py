@@ -91,6 +91,13 @@ class RawServer:
             if message.get("method") == method:
                 return message
 
+    def ready(self) -> dict:
+        """The `llada/status` push that says the model is loaded (completions asked before it answer nothing)."""
+        while (status := self.until("llada/status"))["params"]["state"] == "loading":
+            pass
+        assert status["params"]["state"] == "ready", status
+        return status
+
     def close(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
@@ -343,8 +350,9 @@ def test_shutdown_answers_at_once_and_the_end_of_input_ends_the_process_while_a_
         doc = {"uri": uri, "languageId": "python", "version": 1, "text": "def add(a, b):\n    return a +\n"}
         inline = {"textDocument": {"uri": uri}, "position": {"line": 1, "character": 14}, "context": {"triggerKind": 2}}
         server.send(frame(request(1, "initialize", INITIALIZE)) + frame(notification("initialized", {}))
-                    + frame(notification("textDocument/didOpen", {"textDocument": doc}))
-                    + frame(request(2, "textDocument/inlineCompletion", inline)))  # fmt: skip
+                    + frame(notification("textDocument/didOpen", {"textDocument": doc})))  # fmt: skip
+        server.ready()
+        server.send(frame(request(2, "textDocument/inlineCompletion", inline)))
         server.until("llada/draft")  # step 1 is done: the model thread now sleeps 20 s
         asked = time.monotonic()
         server.send(frame(request(3, "shutdown")))

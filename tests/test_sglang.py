@@ -251,13 +251,17 @@ async def service_on(backend: SGLangBackend, folder: Path):
 
 
 async def wait_status(client: EngineClient, ok: Callable[[wire.Status], bool]) -> wire.Status:
-    """The first status (asked now, or pushed later) for which `ok` holds."""
+    """The first status (asked now, or pushed later) for which `ok` holds, within WAIT seconds in all."""
     pushed: asyncio.Queue[wire.Status] = asyncio.Queue()
     client.on_status = pushed.put_nowait
-    status = await asyncio.wait_for(client.status(), WAIT)
-    while not ok(status):
-        status = await asyncio.wait_for(pushed.get(), WAIT)
-    return status
+
+    async def first() -> wire.Status:
+        status = await client.status()
+        while not ok(status):
+            status = await pushed.get()
+        return status
+
+    return await asyncio.wait_for(first(), WAIT)
 
 
 def infill(client: EngineClient, before: str, after: str = "\n", mode: str = "speed", max_tokens: int = 64,

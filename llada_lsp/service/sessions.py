@@ -135,7 +135,8 @@ class EngineService:
         self.push_status()
 
     def _on_loaded(self, spec: ModelSpec) -> None:
-        self._load_report = None
+        if self.worker.state != "loading":  # a remote backend loaded may still wait for its server: its report stays
+            self._load_report = None
         if self.worker.error:
             logger.error("cannot load the model %s: %s", spec.name, self.worker.error)
         self.push_status()
