@@ -493,9 +493,6 @@ def wait_answered(editor: Editor, seen: int) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(reason="known failure since the issue 24/25/26 merges (stop 13): with the engine service killed, the "
-                   "statusline and the failed request's ghost do not follow in Neovim; left for the next session, "
-                   "see the closing note", strict=False)
 @needs_builtin
 def test_failed_inline_request_takes_its_ghost_text_off_the_screen(open_editor, engine_service):
     """The engine service dies with a completion on screen; typing what it shows makes the built-in
@@ -511,9 +508,6 @@ def test_failed_inline_request_takes_its_ghost_text_off_the_screen(open_editor, 
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(reason="known failure since the issue 24/25/26 merges (stop 13): with the engine service killed, the "
-                   "statusline and the failed request's ghost do not follow in Neovim; left for the next session, "
-                   "see the closing note", strict=False)
 def test_statusline_follows_the_engine_service(open_editor, engine_service):
     """Needs the server's `llada/status` push and its window/showMessage (issue 24, item 2): kill the
     engine service and the statusline on screen says so, once, with a message; start it again and the

@@ -133,6 +133,20 @@ local function on_status(_, params, ctx)
   redraw_status()
 end
 
+--- Handler of the server's `window/showMessage` (the engine service lost or back, a model that cannot
+--- load): one line at most. A longer one opens the hit-enter prompt, which would take the next key
+--- typed in insert mode; the whole reason stays in `:LladaStatus` (and the server's log, `:LspLog`).
+---@param params lsp.ShowMessageParams
+local function on_show_message(_, params)
+  local levels = { vim.log.levels.ERROR, vim.log.levels.WARN, vim.log.levels.INFO, vim.log.levels.DEBUG }
+  local msg = params.message:gsub('%s+', ' ')
+  local room = math.max(vim.v.echospace, 20)
+  if vim.fn.strdisplaywidth(msg) > room then
+    msg = vim.fn.strcharpart(msg, 0, room - 1) .. '…'
+  end
+  vim.notify(msg, levels[params.type] or vim.log.levels.INFO)
+end
+
 --- The built-in completer's item, as it shows it at the cursor: typed through since its answer, it
 --- shows the rest, which is what is inserted (its own accept would insert the whole answer where it was
 --- made, repeating what was typed).
@@ -471,6 +485,7 @@ function M.setup(opts)
     handlers = {
       ['llada/draft'] = draft.on_draft,
       ['llada/status'] = on_status,
+      ['window/showMessage'] = on_show_message,
       ['workspace/applyEdit'] = function(err, params, ctx)
         if cfg.review then
           return review.apply_edit(err, params, ctx)
