@@ -96,10 +96,10 @@ def infill_figures(n: int, seed: int = 1234) -> dict[str, dict]:
     """eval-infill's rest-of-line tasks, speed mode, the embedded model in bf16 and with FP8 experts:
     first-line exact match of each (eval_infill.score), and the task-by-task split between them."""
     from llada_lsp.backends.native import NativeBatch
+    from llada_lsp.completion.codec import TextCodec
     from llada_lsp.completion.generation import LoadedModel, ModelSpec
     from llada_lsp.completion.jobs import Infill
     from llada_lsp.completion.pipeline import run_infill
-    from llada_lsp.completion.codec import TextCodec
     from llada_lsp.engine import Engine
     from llada_lsp.model import load_tokenizer
     from llada_lsp.training.eval_infill import cut_to_unit, make_tasks, paired, score
@@ -135,8 +135,13 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=64, help="query tokens of the random layer (default: 64)")
     ap.add_argument("--vocab", type=int, default=None, help="cut the random layer's vocabulary (default: mini's)")
     ap.add_argument("--logit-std", type=float, default=4.0, help="the random layer's bf16 logit spread (default: 4)")
-    ap.add_argument("--infill", type=int, default=0, metavar="N",
-                    help="also score N rest-of-line tasks per model with eval-infill's tasks (default: 0, skip)")
+    ap.add_argument(
+        "--infill",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also score N rest-of-line tasks per model with eval-infill's tasks (default: 0, skip)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = ap.parse_args()
     if args.threads:

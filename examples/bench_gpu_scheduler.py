@@ -58,8 +58,10 @@ def main(argv=None) -> int:
            "rows_per_step": n_rows / max(1, n_steps), "steps": n_steps, "tokens_per_s": tokens / seconds,
            "graphs": len(sched.graphs)}  # fmt: skip
     print("| shape | batch | context | CUDA graph | ms/step | rows/step | steps | tokens/s |")
-    print(f"| {args.shape} | {args.batch} | {args.context} | {args.cuda_graph} | {row['ms_per_step']:.2f} | "
-          f"{row['rows_per_step']:.2f} | {n_steps} | {row['tokens_per_s']:.0f} |")
+    print(
+        f"| {args.shape} | {args.batch} | {args.context} | {args.cuda_graph} | {row['ms_per_step']:.2f} | "
+        f"{row['rows_per_step']:.2f} | {n_steps} | {row['tokens_per_s']:.0f} |"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(row, f)

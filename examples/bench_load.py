@@ -31,8 +31,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
-    runs = [json.loads(subprocess.run([sys.executable, "-c", CHILD], check=True, capture_output=True,
-                                      text=True).stdout) for _ in range(args.runs)]
+    runs = [
+        json.loads(subprocess.run([sys.executable, "-c", CHILD], check=True, capture_output=True, text=True).stdout)
+        for _ in range(args.runs)
+    ]
     print(f"embedded model, cold process, median of {args.runs} runs")
     for key in runs[0]:
         print(f"  {key:34s} {statistics.median(r[key] for r in runs):6.2f} s")

@@ -39,11 +39,11 @@ import torch
 from lsprotocol import types as t
 from pygls.lsp.client import LanguageClient
 
-from llada_lsp.server.documents import Document
 from llada_lsp.backends.native import load
 from llada_lsp.completion.generation import ModelSpec
 from llada_lsp.completion.jobs import Infill, window
 from llada_lsp.completion.pipeline import cursor_context, run_infill
+from llada_lsp.server.documents import Document
 from llada_lsp.server.positions import UTF16
 
 HERE = Path(__file__).resolve().parent
@@ -143,7 +143,16 @@ class EngineService:
         self.socket = self.folder / "engine.sock"
         self.address = f"unix:{self.socket}"
         self.log = self.folder / "engine.log"
-        command = [sys.executable, "-m", "llada_lsp", "engine", "--listen", self.address, "--threads", str(args.threads)]
+        command = [
+            sys.executable,
+            "-m",
+            "llada_lsp",
+            "engine",
+            "--listen",
+            self.address,
+            "--threads",
+            str(args.threads),
+        ]
         for name in ("model", "device", "dtype"):
             if getattr(args, name, None):
                 command += [f"--{name}", getattr(args, name)]
@@ -220,7 +229,9 @@ class Front:
         await self.client.start_io(*server)
         capabilities = t.ClientCapabilities(experimental={"lladaDrafts": not args.no_drafts})
         options = {"inlineMode": args.mode, "maxCompletionTokens": args.max_tokens}
-        await self.client.initialize_async(t.InitializeParams(capabilities=capabilities, initialization_options=options))
+        await self.client.initialize_async(
+            t.InitializeParams(capabilities=capabilities, initialization_options=options)
+        )
         self.client.initialized(t.InitializedParams())
         self.client.text_document_did_open(t.DidOpenTextDocumentParams(t.TextDocumentItem(self.uri, "python", 1, text)))
 
@@ -308,13 +319,19 @@ def mib(value: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--engine", default="both", choices=("both", "local", "service"),
-                    help="the in-process server, a front of an engine service started here, or both (the default)")
+    ap.add_argument(
+        "--engine",
+        default="both",
+        choices=("both", "local", "service"),
+        help="the in-process server, a front of an engine service started here, or both (the default)",
+    )
     ap.add_argument("--limit", type=int, help="replay only the first N keystrokes")
     ap.add_argument("--mode", default="speed", choices=("speed", "quality"))
     ap.add_argument("--max-tokens", type=int, default=64, help="maxCompletionTokens (default 64, the server's)")
     ap.add_argument("--model", help="model folder (default: the embedded model)")
-    ap.add_argument("--no-drafts", action="store_true", help="do not ask for llada/draft notifications (what they cost)")
+    ap.add_argument(
+        "--no-drafts", action="store_true", help="do not ask for llada/draft notifications (what they cost)"
+    )
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                     help="torch threads: the server, the service and the direct call")  # fmt: skip
     args = ap.parse_args(argv)

@@ -159,7 +159,9 @@ async def warm_up(client: EngineClient, args) -> None:
     await asyncio.wait_for(client.request(request(client, "x = ", 4, args, max_tokens=8)), ANSWER_TIMEOUT)
 
 
-async def editor(service: Service, client: EngineClient, keys: list[Keystroke], order: list[int], args, row: Row) -> None:
+async def editor(
+    service: Service, client: EngineClient, keys: list[Keystroke], order: list[int], args, row: Row
+) -> None:
     """One editor on its own connection: the keystrokes `order` names, one answer at a time."""
     name = f"the editor that started at keystroke {order[0]}"
     typed: list[int] = []
@@ -240,7 +242,9 @@ async def run_row(spec: RowSpec, keys: list[Keystroke], args, alone: Row | None 
 async def run_paired_cache(keys: list[Keystroke], args) -> list[Row]:
     """One editor, two services (prefix cache on, off), each keystroke sent to both in turn."""
     on = ("--max-batch", str(args.max_batch))
-    rows = [Row(1, "on", cache, [*on, *flag, *args.extra]) for cache, flag in (("on", ()), ("off", ("--no-prefix-cache",)))]
+    rows = [
+        Row(1, "on", cache, [*on, *flag, *args.extra]) for cache, flag in (("on", ()), ("off", ("--no-prefix-cache",)))
+    ]
     services = [Service(args, row.flags) for row in rows]
     clients: list[EngineClient] = []
     try:
@@ -353,8 +357,10 @@ def print_ratios(rows: list[Row]) -> None:
     if len(pair) == 2:
         on, off = pair
         ms = [x * 1000 if x is not None else None for x in (on.p(0.5), off.p(0.5))]
-        print(f"1 editor, the same {on.answered} keystrokes to two services in turn: p50 with the prefix cache "
-              f"{cell(ms[0], '.1f', 0)} ms, without {cell(ms[1], '.1f', 0)} ms: on/off {ratio(on.p(0.5), off.p(0.5))}")
+        print(
+            f"1 editor, the same {on.answered} keystrokes to two services in turn: p50 with the prefix cache "
+            f"{cell(ms[0], '.1f', 0)} ms, without {cell(ms[1], '.1f', 0)} ms: on/off {ratio(on.p(0.5), off.p(0.5))}"
+        )
 
 
 def editor_counts(text: str) -> list[int]:
@@ -385,7 +391,10 @@ async def run_all(specs: list[RowSpec], keys: list[Keystroke], args) -> list[Row
             print(f"  the same {rows[-1].answered} keystrokes typed by 1 editor alone", file=sys.stderr)
             rows.append(await run_row(replace(spec, editors=1), keys, args, alone=rows[-1]))
     if "paired-cache" in args.rows and not args.plain:
-        print(f"the prefix cache, paired: 1 editor, {args.paired_limit} keystrokes to two services in turn", file=sys.stderr)
+        print(
+            f"the prefix cache, paired: 1 editor, {args.paired_limit} keystrokes to two services in turn",
+            file=sys.stderr,
+        )
         rows += [replace(row, paired=True) for row in await run_paired_cache(keys, args)]
     return rows
 

@@ -192,8 +192,10 @@ class Client:
     async def rewrite(self) -> None:
         line = self.rng.randrange(self.text.count("\n") + 1)
         text = self.text.split("\n")[line]
-        arg = {"textDocument": {"uri": self.uri, "version": self.version},
-               "range": {"start": {"line": line, "character": 0}, "end": {"line": line, "character": len(text)}}}
+        arg = {
+            "textDocument": {"uri": self.uri, "version": self.version},
+            "range": {"start": {"line": line, "character": 0}, "end": {"line": line, "character": len(text)}},
+        }
         _, answer = self.ask("workspace/executeCommand", {"command": "llada.rewriteSelection", "arguments": [arg]})
         await answer
 
@@ -402,7 +404,9 @@ async def soak(args) -> int:
         sent = sum(n for m, n in c.sent.items() if not m.startswith("malformed"))
         answered = sum(c.outcomes.values())
         outcomes = ", ".join(f"{k}: {n}" for k, n in sorted(c.outcomes.items()))
-        print(f"{c.name:<9} {sent:6} {answered:8} {len(missing[c.name]):10} {c.rss_start:10.0f} {c.rss_end:8.0f}  {outcomes}")
+        print(
+            f"{c.name:<9} {sent:6} {answered:8} {len(missing[c.name]):10} {c.rss_start:10.0f} {c.rss_end:8.0f}  {outcomes}"
+        )
     print(f"{'service':<9} {'':6} {'':8} {'':10} {rss_service_start:10.0f} {rss_service_end:8.0f}")
     sent = Counter()
     for c in clients:
@@ -450,8 +454,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", metavar="PATH|HF-ID", help="the engine's model (default: the embedded one)")
     ap.add_argument("--threads", type=int, default=2, help="the engine's torch threads (default 2)")
     ap.add_argument("--no-abuse", action="store_true", help="no abusive clients (issue 25) in the second half")
-    ap.add_argument("--abuse-mb", type=float, default=4.0,
-                    help="MB of Python each side of the huge rewrite's selection (default 4; the issue's was 15)")
+    ap.add_argument(
+        "--abuse-mb",
+        type=float,
+        default=4.0,
+        help="MB of Python each side of the huge rewrite's selection (default 4; the issue's was 15)",
+    )
     args = ap.parse_args(argv)
     if args.clients < 1 or args.minutes <= 0:
         ap.error("--clients and --minutes must be positive")

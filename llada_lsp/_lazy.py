@@ -3,8 +3,9 @@ pays for no torch. Knows nothing of what the names are."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import import_module
-from typing import Any, Callable
+from typing import Any
 
 
 def lazy_names(package: str, table: dict[str, str], namespace: dict[str, Any]) -> tuple[Callable, Callable]:

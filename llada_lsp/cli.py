@@ -11,7 +11,6 @@ import difflib
 import sys
 from importlib import import_module
 
-
 # name -> (module, its `<name>_main`, what it does); each module is imported only when its command runs.
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": ("serve", "serve_main", "the language server (the default)"),
@@ -24,9 +23,17 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("train", "train_main", "train the embedded model (CPU, resumable)"),
     "eval-infill": ("eval_infill", "eval_infill_main", "score infill on held-out standard-library files"),
     "eval-rewrite": ("eval_rewrite", "eval_rewrite_main", "rewrite held-out selections: parsed, applied, refused"),
-    "eval-next-edit": ("eval_next_edit", "eval_next_edit_main", "next-edit suggestions on held-out commits, per configuration"),
+    "eval-next-edit": (
+        "eval_next_edit",
+        "eval_next_edit_main",
+        "next-edit suggestions on held-out commits, per configuration",
+    ),
     "edit-pairs": ("edit_pairs", "edit_pairs_main", "rebuild the next-edit cases from their manifest (git history)"),
-    "tune-next-edit": ("tune_next_edit", "tune_next_edit_main", "fine-tune the embedded model on next edits (CPU, resumable)"),
+    "tune-next-edit": (
+        "tune_next_edit",
+        "tune_next_edit_main",
+        "fine-tune the embedded model on next edits (CPU, resumable)",
+    ),
     "eval-typing": ("eval_typing", "eval_typing_main", "replay typing held-out files: what revisions save"),
 }
 

@@ -17,8 +17,22 @@ def run(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow  # loads torch and a model in a subprocess
 def test_generate_reproduces_a_reference_case(golden_dir, golden_generate):
     case = next(c for c in golden_generate["cases"] if c["id"] == "A07_P32_G64_quality")
-    p = run("generate", "--model", str(golden_dir), "--prompt-ids", ",".join(map(str, case["prompt_ids"])),
-            "--mode", "quality", "--gen-length", "64", "--dtype", "float64", "--threads", "1", "--json")
+    p = run(
+        "generate",
+        "--model",
+        str(golden_dir),
+        "--prompt-ids",
+        ",".join(map(str, case["prompt_ids"])),
+        "--mode",
+        "quality",
+        "--gen-length",
+        "64",
+        "--dtype",
+        "float64",
+        "--threads",
+        "1",
+        "--json",
+    )
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["tokens"] == case["output_ids"] and out["steps"] == case["num_forward_calls"]
@@ -53,8 +67,11 @@ def test_a_session_read_from_a_file(tmp_path):
         {"jsonrpc": "2.0", "method": "exit"},
     ]
     session = tmp_path / "session.lsp"
-    session.write_bytes(b"".join(b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-                                 for body in (json.dumps(m).encode() for m in messages)))
+    session.write_bytes(
+        b"".join(
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body) for body in (json.dumps(m).encode() for m in messages)
+        )
+    )
     with session.open("rb") as stdin:
         p = subprocess.run([sys.executable, "-m", "llada_lsp"], stdin=stdin, capture_output=True, timeout=300)
     assert p.returncode == 0, p.stderr.decode()

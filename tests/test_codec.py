@@ -54,4 +54,7 @@ def test_a_fim_sample_starts_with_the_server_prompt_for_the_same_cursor(codec):
         trained = stream.fim(prefix, middle, suffix)
         assert trained == [*served.ids, *codec.encode(middle)]
         assert [t for t in trained if t in codec.tokenizer.all_special_ids] == [
-            special.fim_prefix, special.fim_suffix, special.fim_middle]
+            special.fim_prefix,
+            special.fim_suffix,
+            special.fim_middle,
+        ]

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from llada_lsp.model import EMBEDDED_MODEL, load_tokenizer
-from llada_lsp.completion.layouts import SpecialIds
 from llada_lsp.completion.jobs import window
+from llada_lsp.completion.layouts import SpecialIds
 from llada_lsp.completion.prompt import SelectionTooLong, TextCodec, heal, infill_prompt, rewrite_prompt
+from llada_lsp.model import EMBEDDED_MODEL, load_tokenizer
 
 # A long Python file, frozen (a copy of engine/decode.py once): the tests below cut prompts at fixed
 # spots of it, so the file they read must not change when the engine's source does.
@@ -70,7 +70,7 @@ def test_document_text_is_encoded_literally(codec):
 def test_lone_surrogates_are_encoded_as_replacement_characters(codec):
     """A lone surrogate (legal in JSON, left by bad pastes) made the tokenizer raise TypeError on every
     request about its document; it now stands for U+FFFD, one character for one."""
-    before, after = 'bad = "\ud800"\ndef add(a, b):\n    return a', '\n\udfff = 1\n'
+    before, after = 'bad = "\ud800"\ndef add(a, b):\n    return a', "\n\udfff = 1\n"
     clean_before, clean_after = before.replace("\ud800", "\ufffd"), after.replace("\udfff", "\ufffd")
     assert codec.encode(before) == codec.encode(clean_before)
     assert codec.encode_batch([before, after]) == [codec.encode(clean_before), codec.encode(clean_after)]
@@ -90,7 +90,7 @@ def test_chat_layout_without_fim_tokens(codec):
 
 
 def test_huge_document_is_cut_quickly(codec):
-    huge = ("x = compute(1, 2, 3)  # filler\n" * 70_000)[: 2_000_000]
+    huge = ("x = compute(1, 2, 3)  # filler\n" * 70_000)[:2_000_000]
     cursor = len(huge) // 2
     started = time.perf_counter()
     before, after = window(huge, cursor, cursor, 1024 * 16)

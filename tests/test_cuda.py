@@ -13,9 +13,9 @@ import json
 
 import pytest
 import torch
+from conftest import force_moe
 from safetensors.torch import load_file
 
-from conftest import force_moe
 from llada_lsp import Engine, load_model
 from llada_lsp.model import BlockKVCache, llada2
 

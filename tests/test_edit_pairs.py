@@ -14,13 +14,13 @@ import pytest
 from llada_lsp.commands.edit_pairs import EVAL_SET, MANIFEST
 from llada_lsp.training import edit_pairs as ep
 
-BEFORE = "def f(a):\n    \"\"\"Doc.\"\"\"\n    x = a + 1\n    return x\n\n\ndef g(b):\n    y = f(b)\n    return y\n"
-AFTER = "def f(a, k):\n    \"\"\"Doc.\"\"\"\n    x = a + k\n    return x\n\n\ndef g(b):\n    y = f(b, 2)\n    return y\n"
+BEFORE = 'def f(a):\n    """Doc."""\n    x = a + 1\n    return x\n\n\ndef g(b):\n    y = f(b)\n    return y\n'
+AFTER = 'def f(a, k):\n    """Doc."""\n    x = a + k\n    return x\n\n\ndef g(b):\n    y = f(b, 2)\n    return y\n'
 
 
 def test_hunks_are_the_changed_spans_and_replay_to_the_after_text():
     hs = ep.hunks(BEFORE, AFTER)
-    assert [BEFORE[h.start:h.end] for h in hs] == ["", "1", ""]
+    assert [BEFORE[h.start : h.end] for h in hs] == ["", "1", ""]
     assert [h.text for h in hs] == [", k", "k", ", 2"]
     history, text = ep._replay(BEFORE, hs, [2, 0, 1])  # any chronological order ends at the same text
     assert text == AFTER == ep.apply(BEFORE, history)
@@ -45,7 +45,8 @@ def test_every_kind_of_case_keeps_the_contract():
                 assert case["expected"] != current
                 # the expected text is on the way to the commit: every line it has is in before or after
                 assert set(case["expected"].splitlines()) <= set(BEFORE.splitlines()) | set(AFTER.splitlines()) | set(
-                    current.splitlines())
+                    current.splitlines()
+                )
     assert set(kinds) == {"no-edit", "complete", "below", "above"}
     assert 0.1 < kinds["no-edit"] / sum(kinds.values()) < 0.3
 
@@ -55,7 +56,7 @@ def test_a_complete_case_types_part_of_a_hunk():
     case = ep._complete_case(change, ep.hunks(change.before, change.after), {}, random.Random(1))[0]
     current = ep.apply(case["before"], case["history"])
     assert case["expected"] == change.after and current != change.after
-    assert case["expected"].startswith(current[:case["cursor"]])
+    assert case["expected"].startswith(current[: case["cursor"]])
 
 
 def test_whitespace_only_and_large_hunks_are_not_used():
@@ -65,8 +66,15 @@ def test_whitespace_only_and_large_hunks_are_not_used():
 
 
 def _git(repo: Path, *args: str) -> str:
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
-           "GIT_AUTHOR_DATE": "2020-01-01T00:00:00", "GIT_COMMITTER_DATE": "2020-01-01T00:00:00", "HOME": str(repo)}
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "GIT_AUTHOR_DATE": "2020-01-01T00:00:00",
+        "GIT_COMMITTER_DATE": "2020-01-01T00:00:00",
+        "HOME": str(repo),
+    }
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env).stdout
 
 

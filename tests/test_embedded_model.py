@@ -49,8 +49,12 @@ def test_the_shipped_model_infills_held_out_code_with_a_line_that_parses(monkeyp
     model = load(ModelSpec(None), lambda *_: None)
     prefix, suffix = SNIPPET.split("<CURSOR>")
     drafts = []
-    out = run_infill(model, Infill.at(prefix + suffix, len(prefix), "speed", 64, 1024), threading.Event(),
-                          lambda step, text: drafts.append(text))
+    out = run_infill(
+        model,
+        Infill.at(prefix + suffix, len(prefix), "speed", 64, 1024),
+        threading.Event(),
+        lambda step, text: drafts.append(text),
+    )
     assert out.text.split("\n")[0].strip(), out
     ast.parse(prefix + out.text + suffix)
     assert drafts and out.steps >= 1

@@ -68,7 +68,9 @@ class Front:
         capabilities = t.ClientCapabilities(experimental={"lladaDrafts": True},
                                             workspace=t.WorkspaceClientCapabilities(apply_edit=True))  # fmt: skip
         options = {"engine": engine} if self.by_setting else None
-        await self.client.initialize_async(t.InitializeParams(capabilities=capabilities, initialization_options=options))
+        await self.client.initialize_async(
+            t.InitializeParams(capabilities=capabilities, initialization_options=options)
+        )
         self.client.initialized(t.InitializedParams())
 
     @property
@@ -145,8 +147,11 @@ async def test_the_front_survives_its_service_going_away(tmp_path):
         uri = "file:///tmp/e2e/gone.py"
         item = t.TextDocumentItem(uri, "python", 1, "def average(values):\n    return sum\n")
         front.client.text_document_did_open(t.DidOpenTextDocumentParams(item))
-        params = t.InlineCompletionParams(text_document=t.TextDocumentIdentifier(uri), position=t.Position(1, 14),
-                                          context=t.InlineCompletionContext(t.InlineCompletionTriggerKind.Invoked))
+        params = t.InlineCompletionParams(
+            text_document=t.TextDocumentIdentifier(uri),
+            position=t.Position(1, 14),
+            context=t.InlineCompletionContext(t.InlineCompletionTriggerKind.Invoked),
+        )
         asked = asyncio.ensure_future(front.client.text_document_inline_completion_async(params))
         await asyncio.sleep(2)  # the request is inside its first (3 s) step
         process.kill()
@@ -183,7 +188,9 @@ async def test_a_named_service_that_does_not_answer(tmp_path):
         status = await front.client.workspace_execute_command_async(t.ExecuteCommandParams("llada.status"))
         assert status["state"] == "unavailable" and "nothing.sock" in status["error"]
         uri = "file:///tmp/e2e/none.py"
-        front.client.text_document_did_open(t.DidOpenTextDocumentParams(t.TextDocumentItem(uri, "python", 1, "x = 1\n")))
+        front.client.text_document_did_open(
+            t.DidOpenTextDocumentParams(t.TextDocumentItem(uri, "python", 1, "x = 1\n"))
+        )
         with pytest.raises(Exception, match="service is unreachable"):
             await front.client.text_document_inline_completion_async(t.InlineCompletionParams(
                 text_document=t.TextDocumentIdentifier(uri), position=t.Position(0, 5),
@@ -228,7 +235,9 @@ async def test_the_editor_hears_the_service_go_and_come_back(tmp_path):
         process.wait(timeout=10)
         await until("unavailable")
         uri = "file:///tmp/e2e/push.py"
-        front.client.text_document_did_open(t.DidOpenTextDocumentParams(t.TextDocumentItem(uri, "python", 1, "x = 1\n")))
+        front.client.text_document_did_open(
+            t.DidOpenTextDocumentParams(t.TextDocumentItem(uri, "python", 1, "x = 1\n"))
+        )
         for _ in range(3):  # requests while it is gone fail, and change nothing more
             with pytest.raises(Exception, match="engine service"):
                 await front.client.text_document_inline_completion_async(t.InlineCompletionParams(

@@ -29,7 +29,10 @@ def test_an_answer_applies_all_its_edits_against_its_version():
         return {"start": ev.to_position(TEXT, a), "end": ev.to_position(TEXT, b)}
 
     i, j = TEXT.index("(a)") + 1, TEXT.index("return a") + 7
-    answer = {"edits": [{"range": rng(i, i + 1), "newText": "b"}, {"range": rng(j, j + 1), "newText": "b"}], "version": 3}
+    answer = {
+        "edits": [{"range": rng(i, i + 1), "newText": "b"}, {"range": rng(j, j + 1), "newText": "b"}],
+        "version": 3,
+    }
     assert ev.apply_answer(TEXT, answer, 3) == TEXT.replace("(a)", "(b)").replace("return a", "return b")
     assert ev.apply_answer(TEXT, answer, 4) is None  # an answer for another version is not applied
     assert ev.apply_answer(TEXT, {"edits": []}, 3) is None
@@ -43,10 +46,19 @@ AFTER_RENAME = BEFORE.replace("old_name", "new_name", 1)
 def _case(before, history, expected, kind):
     text = before
     for e in history:
-        text = text[:e["start"]] + e["text"] + text[e["end"]:]
+        text = text[: e["start"]] + e["text"] + text[e["end"] :]
     last = history[-1]
-    return {"repo": "o/r", "commit": "c" * 40, "path": "m.py", "licence": "MIT", "kind": kind, "before": before,
-            "history": history, "cursor": last["start"] + len(last["text"]), "expected": expected}
+    return {
+        "repo": "o/r",
+        "commit": "c" * 40,
+        "path": "m.py",
+        "licence": "MIT",
+        "kind": kind,
+        "before": before,
+        "history": history,
+        "cursor": last["start"] + len(last["text"]),
+        "expected": expected,
+    }
 
 
 def test_a_whole_run_against_a_stand_in_server(tmp_path, capsys):
@@ -58,8 +70,12 @@ def test_a_whole_run_against_a_stand_in_server(tmp_path, capsys):
     path = tmp_path / "cases.jsonl.gz"
     write_jsonl_gz(path, cases)
     server = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE))}"
-    assert ev.eval_next_edit_main(["--cases", str(path), "--server", server, "--json",
-                                   "--configs", "shipped,no-history,always-silent"]) == 0
+    assert (
+        ev.eval_next_edit_main(
+            ["--cases", str(path), "--server", server, "--json", "--configs", "shipped,no-history,always-silent"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     rows = __import__("json").loads(out.strip().splitlines()[-1])
     shipped, no_history, silent = rows["shipped model"], rows["rewrite the window without history"], rows[ev.SILENT]
@@ -74,8 +90,10 @@ def test_a_whole_run_against_a_stand_in_server(tmp_path, capsys):
 
 
 def test_an_earlier_runs_scores_are_tabulated_and_sign_tested_beside_this_runs(tmp_path, capsys):
-    cases = [_case(BEFORE, RENAME, AFTER_RENAME.replace("old_name", "new_name", 1), "below"),
-             _case("x = 1\n", [{"start": 4, "end": 5, "text": "2"}], None, "no-edit")]
+    cases = [
+        _case(BEFORE, RENAME, AFTER_RENAME.replace("old_name", "new_name", 1), "below"),
+        _case("x = 1\n", [{"start": 4, "end": 5, "text": "2"}], None, "no-edit"),
+    ]
     path, saved = tmp_path / "cases.jsonl.gz", tmp_path / "shipped.json"
     write_jsonl_gz(path, cases)
     server = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE))}"

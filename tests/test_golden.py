@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import SAMPLE, force_moe, settings_of  # the sample: conftest says why each case is in it
 from safetensors.torch import load_file
 
-from conftest import SAMPLE, force_moe, settings_of  # the sample: conftest says why each case is in it
 from llada_lsp import Engine, JointThreshold, generate, load_model
 from llada_lsp.engine.policy import PRESETS
 
@@ -25,6 +25,7 @@ from llada_lsp.engine.policy import PRESETS
 # below then still fail, through conftest's `golden_dir` (a broken checkout fails, never skips).
 _GENERATE = Path(__file__).resolve().parent / "golden" / "llada2-tiny" / "generate.json"
 CASE_IDS = [c["id"] for c in json.loads(_GENERATE.read_text())["cases"]] if _GENERATE.is_file() else ["missing"]
+
 
 def sample_then_rest():
     """Every case; those outside the sample are slow (they only repeat what the sample covers)."""

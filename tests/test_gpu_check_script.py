@@ -42,7 +42,7 @@ def test_the_time_boxes_fit_540_seconds():
 
 def test_it_runs_python3_unless_told_otherwise():
     text = SCRIPT.read_text()
-    assert 'PY=${PYTHON:-python3}' in text
+    assert "PY=${PYTHON:-python3}" in text
     assert not re.search(r"(^|[\s(])python(\s|$)", text, flags=re.M), "a bare `python`: the device has python3"
 
 

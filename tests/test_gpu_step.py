@@ -33,7 +33,8 @@ class HostReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         bool_index = func in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default) and any(
-            isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (args[1] or ()))
+            isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (args[1] or ())
+        )
         if func in READS_BACK or bool_index:
             ours = [f for f in traceback.extract_stack() if "llada_lsp/" in f.filename]
             where = f"{ours[-1].filename.split('llada_lsp/')[-1]}:{ours[-1].lineno}" if ours else "?"
@@ -188,8 +189,16 @@ def test_the_static_shapes_a_cuda_graph_replays_give_the_same_drafts(model, case
             sched.cuda_graph = True
             sched._graphed = lambda *args: sched._device_step(*args)  # the capture itself needs CUDA
         for i, case in enumerate(list(cases.values())[:3]):
-            sched.add(engine.settings(case["prompt_ids"], case["gen_length"], "quality", mask_id=case["mask_token_id"],
-                                      eos_id=case["eos_token_id"], first_allowed=[5, 6, 7] if i == 2 else None))
+            sched.add(
+                engine.settings(
+                    case["prompt_ids"],
+                    case["gen_length"],
+                    "quality",
+                    mask_id=case["mask_token_id"],
+                    eos_id=case["eos_token_id"],
+                    first_allowed=[5, 6, 7] if i == 2 else None,
+                )
+            )
         drafts = [(e.id, e.draft.block_tokens) for e in sched.drain() if e.draft is not None]
         return drafts, {k[1] for k in sched.inputs.buffers}
 

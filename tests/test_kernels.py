@@ -99,8 +99,8 @@ def test_fp8_experts_give_the_same_numbers_fused_and_unfused(fm, monkeypatch):
     token as fp8.linear rounds them) and the loop over experts that every device without the kernels
     runs compute the same layer, so a GPU with triton serves the numbers the CPU tests measured."""
     from llada_lsp import kernels
-    from llada_lsp.model.config import LLaDA2Config
     from llada_lsp.model import fp8
+    from llada_lsp.model.config import LLaDA2Config
     from llada_lsp.model.llada2 import FP8Experts, SparseMoE
 
     config = LLaDA2Config(hidden_size=136, moe_intermediate_size=130, num_experts=4, num_experts_per_tok=2,

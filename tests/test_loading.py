@@ -17,8 +17,7 @@ from llada_lsp import CheckpointError, load_model
 from llada_lsp.backends.native import load
 from llada_lsp.completion.generation import ModelSpec
 from llada_lsp.errors import LoadAbandoned
-from llada_lsp.model import EMBEDDED_MODEL, LLaDA2, LLaDA2Config, save_model
-from llada_lsp.model import plan
+from llada_lsp.model import EMBEDDED_MODEL, LLaDA2, LLaDA2Config, plan, save_model
 from llada_lsp.model.loader import resolve_path
 from llada_lsp.runtime.worker import ModelWorker
 

@@ -13,7 +13,14 @@ import pytest
 
 from llada_lsp.completion.generation import Draft, LoadedModel, ModelSpec, Result
 from llada_lsp.completion.next_edit import (
-    MAX_MEAN_REWRITES, NextEdit, NextEditPlan, apply_changes, changes, edit_diff, edit_window, next_edit_prompt,
+    MAX_MEAN_REWRITES,
+    NextEdit,
+    NextEditPlan,
+    apply_changes,
+    changes,
+    edit_diff,
+    edit_window,
+    next_edit_prompt,
 )  # fmt: skip
 from llada_lsp.completion.prompt import TextCodec
 from llada_lsp.server.history import MAX_EDITS, History
@@ -21,13 +28,7 @@ from llada_lsp.server.history import MAX_EDITS, History
 sys.path.insert(0, str(Path(__file__).resolve().parent / "hooks"))
 import scripted_next_edit  # noqa: E402  (the test hook, not part of the package)
 
-SOURCE = (
-    "def total(values):\n"
-    "    count = 0\n"
-    "    for v in values:\n"
-    "        count += v\n"
-    "    return count\n"
-)
+SOURCE = "def total(values):\n    count = 0\n    for v in values:\n        count += v\n    return count\n"
 
 
 @pytest.fixture(scope="module")
@@ -333,7 +334,9 @@ def test_a_chat_model_reads_the_edits_and_the_window_in_words(codec):
 def test_the_next_edit_settings_parse_with_their_defaults():
     from llada_lsp.server.settings import Settings, parse_settings
 
-    s, errors = parse_settings({"nextEdit": False, "nextEditDelayMs": 250, "nextEditHistory": False}, Settings(), Settings())
+    s, errors = parse_settings(
+        {"nextEdit": False, "nextEditDelayMs": 250, "nextEditHistory": False}, Settings(), Settings()
+    )
     assert (s.next_edit, s.next_edit_delay_ms, s.next_edit_history, errors) == (False, 250, False, [])
     s, errors = parse_settings({"nextEdit": "yes", "nextEditDelayMs": -1}, Settings(), Settings())
     assert (s.next_edit, s.next_edit_delay_ms) == (True, 400) and len(errors) == 2 and "true or false" in errors[0]

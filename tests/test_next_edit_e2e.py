@@ -14,7 +14,6 @@ import tempfile
 import pytest
 from lsprotocol import types as t
 from pygls.lsp.client import LanguageClient
-
 from test_engine_service_e2e import start_service
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio]
@@ -93,7 +92,9 @@ async def check_front(client: LanguageClient) -> None:
     # The baseline without history has nothing to go on; the feature switched off answers nothing.
     client.workspace_did_change_configuration(t.DidChangeConfigurationParams({"llada": {"nextEditHistory": False}}))
     assert as_dict(await ask(client, "llada/nextEdit", version)) == {"edits": []}
-    client.workspace_did_change_configuration(t.DidChangeConfigurationParams({"nextEditHistory": True, "nextEdit": False}))
+    client.workspace_did_change_configuration(
+        t.DidChangeConfigurationParams({"nextEditHistory": True, "nextEdit": False})
+    )
     assert as_dict(await ask(client, "llada/nextEdit", version)) == {"edits": []}
 
 

@@ -70,7 +70,9 @@ def test_delta_chrf_counts_only_the_change():
     o, e, a = far + CURRENT + far, far + RIGHT + far, far + CURRENT.replace("w *", "width *") + far
     assert m.delta_chrf(o, e, a) == pytest.approx(_full_delta_chrf(o, e, a))  # the cut changes nothing
     wider = far + "y = 2\n" * 50  # nor does more text far from the change
-    assert m.delta_chrf(wider + CURRENT + far, wider + RIGHT + far, wider + a[len(far):]) == pytest.approx(m.delta_chrf(o, e, a))
+    assert m.delta_chrf(wider + CURRENT + far, wider + RIGHT + far, wider + a[len(far) :]) == pytest.approx(
+        m.delta_chrf(o, e, a)
+    )
 
 
 def test_delta_chrf_collapses_whitespace_runs():
@@ -123,7 +125,12 @@ def test_summary_and_sign_test_of_a_configuration_that_edits():
     good = [m.case_scores(c, right if c["expected"] else None) for c in cases]
     bad = [m.case_scores(c, HISTORY_BEFORE) for c in cases]  # always undoes the rename
     g, b = m.summarize(good, [0.1] * 10), m.summarize(bad)
-    assert g["exact_all"] == 1 and g["silent_precision"] == 1 and g["parse_kept"] == 1 and g["p50_ms"] == pytest.approx(100)
+    assert (
+        g["exact_all"] == 1
+        and g["silent_precision"] == 1
+        and g["parse_kept"] == 1
+        and g["p50_ms"] == pytest.approx(100)
+    )
     assert b["exact_all"] == 0 and b["reversal_rate"] == 1 and math.isnan(b["silent_precision"])
     only_good, only_bad, p = m.paired_exact(good, bad)
     assert (only_good, only_bad) == (10, 0) and p == pytest.approx(2 / 2**10)

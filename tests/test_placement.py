@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import SAMPLE, settings_of  # the golden sample: every kind of setting
+
 from llada_lsp import CheckpointError, Engine, load_model
 from llada_lsp.errors import DoesNotFit
 from llada_lsp.model import llada2, plan

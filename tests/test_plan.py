@@ -17,8 +17,14 @@ import pytest
 
 from llada_lsp.commands.plan import plan_main
 from llada_lsp.model.loader import EMBEDDED_MODEL, stored_shapes
-from llada_lsp.model.plan import (ModelShape, fp8_scale_bytes, make_plan, parse_bytes, weights_from_config,
-                                  weights_from_headers)  # fmt: skip
+from llada_lsp.model.plan import (
+    ModelShape,
+    fp8_scale_bytes,
+    make_plan,
+    parse_bytes,
+    weights_from_config,
+    weights_from_headers,  # fmt: skip
+)
 
 CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
 MINI, FLASH = str(CONFIGS / "llada2.1-mini.json"), str(CONFIGS / "llada2.1-flash.json")
@@ -132,8 +138,10 @@ def test_cli_unknown_model_exits_2(tmp_path, capsys):
 
 
 def test_help_loads_no_torch():
-    code = ("import sys\nfrom llada_lsp.cli import main\ntry:\n    main(['plan', '--help'])\n"
-            "except SystemExit as e:\n    assert e.code == 0\nassert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys\nfrom llada_lsp.cli import main\ntry:\n    main(['plan', '--help'])\n"
+        "except SystemExit as e:\n    assert e.code == 0\nassert 'torch' not in sys.modules, 'torch imported'"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "--quantize" in p.stdout
@@ -163,9 +171,9 @@ def test_the_service_and_its_flags_load_through_the_same_check(monkeypatch):
     --quantize / --devices reach load_model."""
     import llada_lsp.model.plan as plan_module
     from llada_lsp.backends.native import load
+    from llada_lsp.commands.engine import parser
     from llada_lsp.completion.generation import ModelSpec
     from llada_lsp.errors import DoesNotFit
-    from llada_lsp.commands.engine import parser
 
     args = parser().parse_args(["--quantize", "fp8", "--devices", "cpu,cpu"])
     assert (args.quantize, args.devices, args.device) == ("fp8", ("cpu", "cpu"), None)

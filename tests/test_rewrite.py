@@ -4,7 +4,6 @@ rewrite pipeline's outcomes (with the real tokenizer and a scripted engine), and
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 
 import pytest
 

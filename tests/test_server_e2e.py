@@ -22,22 +22,24 @@ import pytest
 import pytest_asyncio
 from lsprotocol import types as t
 from pygls.exceptions import JsonRpcException
-from pygls.protocol.json_rpc import JsonRPCRequestMessage
 from pygls.protocol import default_converter
+from pygls.protocol.json_rpc import JsonRPCRequestMessage
 from pytest_lsp import ClientServerConfig, LanguageClient
 from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, register_lsp_features
 
-from llada_lsp.model import EMBEDDED_MODEL, LLaDA2, LLaDA2Config, save_model
 from llada_lsp.backends.native import load
 from llada_lsp.completion.generation import ModelSpec
 from llada_lsp.completion.jobs import Infill
 from llada_lsp.completion.pipeline import run_infill
+from llada_lsp.model import EMBEDDED_MODEL, LLaDA2, LLaDA2Config, save_model
 from llada_lsp.training.train import init_weights
 
 pytestmark = [
     pytest.mark.slow,  # every test here talks to a real server process
     pytest.mark.asyncio(loop_scope="module"),
-    pytest.mark.skipif(not (EMBEDDED_MODEL / "config.json").is_file(), reason="no embedded model in llada_lsp/data/tiny"),
+    pytest.mark.skipif(
+        not (EMBEDDED_MODEL / "config.json").is_file(), reason="no embedded model in llada_lsp/data/tiny"
+    ),
 ]
 
 TIMEOUT = float(os.environ.get("LLADA_TEST_TIMEOUT", "120"))
@@ -226,12 +228,15 @@ async def test_capabilities_and_bad_option_reported(editor: Editor):
 
     waiting = editor.client.wait_for_notification(t.WINDOW_SHOW_MESSAGE)
     editor.client.workspace_did_change_configuration(
-        t.DidChangeConfigurationParams(settings={"llada": {"contextTokens": "lots", "rewriteMode": "speed"}}))
+        t.DidChangeConfigurationParams(settings={"llada": {"contextTokens": "lots", "rewriteMode": "speed"}})
+    )
     shown = await asyncio.wait_for(waiting, TIMEOUT)
     assert "contextTokens" in shown.message
     status = await editor.command("llada.status")
     assert status["rewriteMode"] == "speed" and status["inlineMode"] == "speed"
-    editor.client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings={"rewriteMode": "quality"}))
+    editor.client.workspace_did_change_configuration(
+        t.DidChangeConfigurationParams(settings={"rewriteMode": "quality"})
+    )
 
 
 async def test_model_loaded_with_progress(editor: Editor):
@@ -301,7 +306,9 @@ def untrained_model(tmp_path_factory) -> str:
     never empty, whatever stage the embedded model's training has reached."""
     folder = tmp_path_factory.mktemp("untrained")
     config = json.loads((EMBEDDED_MODEL / "config.json").read_text())
-    config = LLaDA2Config(**{k: v for k, v in config.items() if k not in ("model_type", "transformers_version", "dtype")})
+    config = LLaDA2Config(
+        **{k: v for k, v in config.items() if k not in ("model_type", "transformers_version", "dtype")}
+    )
     network = LLaDA2(config)
     init_weights(network, seed=3)
     save_model(network, folder)
@@ -369,7 +376,9 @@ async def test_a_new_request_supersedes_the_previous_one(slow_editor: Editor):
     assert isinstance(outcomes[1], t.InlineCompletionList), outcomes[1]
     (item,) = outcomes[1].items  # the second is answered in full
     assert item.insert_text.strip() and item.range == t.Range(EMPTY_LINE, EMPTY_LINE)
-    log = await editor.until(lambda p: re.search(r"inline 101: .*cancelled", str(p.message)), editor.client.log_messages)
+    log = await editor.until(
+        lambda p: re.search(r"inline 101: .*cancelled", str(p.message)), editor.client.log_messages
+    )
     assert re.search(r"\((0|1) steps? after the cancel\)", log.message), log.message
 
 
@@ -380,7 +389,9 @@ async def test_cancel_request_stops_the_engine_within_a_step(slow_editor: Editor
     editor.client.cancel_request(t.CancelParams(id=202))
     answer = await outcome(pending)
     assert error_code(answer) == -32800, answer
-    log = await editor.until(lambda p: re.search(r"inline 202: .*cancelled", str(p.message)), editor.client.log_messages)
+    log = await editor.until(
+        lambda p: re.search(r"inline 202: .*cancelled", str(p.message)), editor.client.log_messages
+    )
     assert re.search(r"\((0|1) steps? after the cancel\)", log.message), log.message
     assert (await editor.command("llada.status"))["state"] == "ready", "the server keeps answering"
     (item,) = (await editor.inline(editor.open(), ANSWERED)).items
@@ -636,7 +647,9 @@ async def test_a_client_that_cannot_apply_edits_gets_the_edit_in_the_result():
         assert editor.edits == [], "nothing sent to a client that said it cannot apply it"
         assert result["applied"] is False and result["changed"] is True and "applyEdit" in result["reason"]
         (edit,) = result["edit"]["changes"][uri]
-        assert edit == {"range": span(5, 0, 6, 0), "newText": "    return a + b\n"} == {**edit, "newText": result["text"]}
+        assert (
+            edit == {"range": span(5, 0, 6, 0), "newText": "    return a + b\n"} == {**edit, "newText": result["text"]}
+        )
     finally:
         assert await stop(editor) == 0
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = float(os.environ.get("LLADA_TEST_TIMEOUT", "120"))
 pytestmark = pytest.mark.slow  # each test starts the real server

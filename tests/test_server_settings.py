@@ -8,12 +8,18 @@ DEFAULTS = Settings()
 
 
 def test_defaults_match_the_protocol_table():
-    assert DEFAULTS == Settings(model=None, inline_mode="speed", rewrite_mode="quality",
-                                max_completion_tokens=64, context_tokens=1024)  # fmt: skip
+    assert Settings(model=None, inline_mode="speed", rewrite_mode="quality",
+                                max_completion_tokens=64, context_tokens=1024) == DEFAULTS  # fmt: skip
 
 
 def test_camel_case_keys_are_read():
-    raw = {"model": "/m", "inlineMode": "quality", "rewriteMode": "speed", "maxCompletionTokens": 16, "contextTokens": 256}
+    raw = {
+        "model": "/m",
+        "inlineMode": "quality",
+        "rewriteMode": "speed",
+        "maxCompletionTokens": 16,
+        "contextTokens": 256,
+    }
     settings, errors = parse_settings(raw, DEFAULTS, DEFAULTS)
     assert errors == []
     assert settings == Settings("/m", "quality", "speed", 16, 256)

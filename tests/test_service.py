@@ -24,12 +24,12 @@ import msgpack
 import pytest
 
 from llada_lsp import wire
-from llada_lsp.errors import CheckpointError
-from llada_lsp.model import EMBEDDED_MODEL
 from llada_lsp.address import Address, default_socket_path, parse_address, private_folder, read_token
 from llada_lsp.commands import engine
 from llada_lsp.completion.generation import ModelSpec
 from llada_lsp.completion.jobs import Infill, Rewrite
+from llada_lsp.errors import CheckpointError
+from llada_lsp.model import EMBEDDED_MODEL
 from llada_lsp.runtime.worker import ModelWorker
 from llada_lsp.server.completers import CompletionFailed, RemoteCompleter
 from llada_lsp.service.client import EngineClient, EngineFailure
@@ -45,16 +45,43 @@ SAMPLES = [
     wire.Welcome(wire.VERSION, "embedded", "ready", ["speed", "quality"], {"max_frame": wire.MAX_FRAME}),
     wire.Infill(1, "file:///a.py", "def f():\n    return ", "\n", "speed", 64, 1024, drafts=True),
     wire.Rewrite(2, "rewrite:file:///a.py", "x = ", "1 + 1", "\n", "quality", 512, "simplify", True, True),
-    wire.NextEdit(3, "next-edit:file:///a.py", "", "x = 1\n", "", ["@@ line 1 @@\n-y = 1\n+x = 1\n"], "quality", 512,
-                  True, 0, "y", "x"),
+    wire.NextEdit(
+        3,
+        "next-edit:file:///a.py",
+        "",
+        "x = 1\n",
+        "",
+        ["@@ line 1 @@\n-y = 1\n+x = 1\n"],
+        "quality",
+        512,
+        True,
+        0,
+        "y",
+        "x",
+    ),
     wire.Cancel(1),
     wire.Draft(1, 3, "x + 1"),
     wire.Done(1, "x + 1", 7, 0.25, "unit", tokens=3),
     wire.Failed(None, "version", "this engine speaks protocol version 1"),
     wire.Failed(2, "too_long", "the selection is too long"),
     wire.Status("loading", "embedded", 70, "reading the tokenizer", None, 2, 1),
-    wire.Status("ready", "embedded", None, None, None, 3, 2, running=2, queued=0, steps=40, batch_mean=1.5,
-                batch_max=2, cache_blocks_used=9, cache_blocks_free=2038, cache_hit_rate=0.75),
+    wire.Status(
+        "ready",
+        "embedded",
+        None,
+        None,
+        None,
+        3,
+        2,
+        running=2,
+        queued=0,
+        steps=40,
+        batch_mean=1.5,
+        batch_max=2,
+        cache_blocks_used=9,
+        cache_blocks_free=2038,
+        cache_hit_rate=0.75,
+    ),
     wire.Status(),
 ]
 
@@ -88,12 +115,25 @@ async def test_a_stream_of_frames_reads_back_in_order_then_ends():
         (msgpack.packb({"type": "cancel", "id": "7"}), "id must be"),
         (msgpack.packb({"type": "cancel", "id": True}), "id must be"),
         (msgpack.packb({"type": "cancel", "id": 1, "force": True}), "unknown fields"),
-        (msgpack.packb({"type": "cancel", "id": 1, **{f"f{i}": 1 for i in range(50)}}), r"'f0', 'f1', 'f2' and 47 more$"),
+        (
+            msgpack.packb({"type": "cancel", "id": 1, **{f"f{i}": 1 for i in range(50)}}),
+            r"'f0', 'f1', 'f2' and 47 more$",
+        ),
         (msgpack.packb({"type": "cancel", "id": 1, **{f"f{i}": 1 for i in range(10_000)}}), "exceeds max_map_len"),
         (msgpack.packb({"type": "welcome", "version": 1, "model": "m", "state": "ready", "modes": ["a", 2]}), "modes"),
     ],
-    ids=["garbage", "not-a-map", "unknown-type", "missing-field", "wrong-type", "bool-for-int", "unknown-field",
-         "unknown-fields-named-and-counted", "a-map-of-thousands", "bad-list"],  # fmt: skip
+    ids=[
+        "garbage",
+        "not-a-map",
+        "unknown-type",
+        "missing-field",
+        "wrong-type",
+        "bool-for-int",
+        "unknown-field",
+        "unknown-fields-named-and-counted",
+        "a-map-of-thousands",
+        "bad-list",
+    ],  # fmt: skip
 )
 def test_a_bad_frame_is_a_wire_error(data, says):
     with pytest.raises(wire.WireError, match=says):
@@ -451,10 +491,14 @@ class TestTheEngineProcess:
         header = '"""Small helpers for numbers and points."""\n\nimport math\nimport os\nimport sys\n\n\n' * 3
         before = [header + text for text in ("def add(a, b):\n    return a +", "def sub(a, b):\n    return a -",
                   "print(os.", "class Point:\n    def __init__(self, x, y):\n        self.x = ")]  # fmt: skip
-        clients = [await service.connect(f"editor{i}", totals=i == 0) for i in range(4)]  # the first: its owner's totals
+        clients = [
+            await service.connect(f"editor{i}", totals=i == 0) for i in range(4)
+        ]  # the first: its owner's totals
         try:
             requests = [infill(c, text, mode=MODES[i % 2]) for i, (c, text) in enumerate(zip(clients, before))]
-            together = await asyncio.wait_for(asyncio.gather(*(c.request(r) for c, r in zip(clients, requests))), TIMEOUT)
+            together = await asyncio.wait_for(
+                asyncio.gather(*(c.request(r) for c, r in zip(clients, requests))), TIMEOUT
+            )
             alone = [await asyncio.wait_for(c.request(replace(r, id=c.next_id())), TIMEOUT)
                      for c, r in zip(clients, requests)]  # fmt: skip
             assert [d.text for d in together] == [d.text for d in alone]

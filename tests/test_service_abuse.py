@@ -183,7 +183,9 @@ async def test_a_burst_past_the_queue_is_busy_at_once_and_starves_nobody(engine)
     window = "".join(f"value_{i} = compute({i}, 'text {i}')\n" for i in range(100)) + BEFORE
     reader, writer = await raw(engine.address)
     count = 400
-    frames = b"".join(wire.encode(wire.Infill(i, f"k{i}", window, "\n", "speed", 64, 1024)) for i in range(1, count + 1))
+    frames = b"".join(
+        wire.encode(wire.Infill(i, f"k{i}", window, "\n", "speed", 64, 1024)) for i in range(1, count + 1)
+    )
     async with await engine.connect("bystander") as bystander:
         writer.write(frames)
         await writer.drain()
@@ -253,7 +255,9 @@ async def test_a_deleted_socket_is_made_again_and_connections_go_on(engine):
 # --- 7. an unsafe listen folder, a planted lock ----------------------------------------------------------------
 async def start_and_expect_refusal(address: str) -> str:
     """The engine's stderr, once it has exited 1 (it must, within a few seconds: it never gets to load)."""
-    proc = subprocess.Popen([*ENGINE, "--listen", address], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [*ENGINE, "--listen", address], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+    )
     try:
         _, err = await asyncio.to_thread(proc.communicate, timeout=20)
     except subprocess.TimeoutExpired:

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from llada_lsp.model import CheckpointError
 from llada_lsp.completion.generation import ModelSpec
+from llada_lsp.model import CheckpointError
 from llada_lsp.runtime.worker import ModelUnavailable, ModelWorker
 
 
@@ -34,8 +34,9 @@ def stepping(steps: int, gate: threading.Event | None = None, started: threading
 
 async def ready_worker(logs: list[str]) -> ModelWorker:
     loop = asyncio.get_running_loop()
-    worker = ModelWorker(loop, logs.append,
-                         loader=lambda spec, report, cancelled: report("reading", 50) or f"model {spec.name}")
+    worker = ModelWorker(
+        loop, logs.append, loader=lambda spec, report, cancelled: report("reading", 50) or f"model {spec.name}"
+    )
     reports = []
     await asyncio.wrap_future(worker.load(ModelSpec("m"), lambda msg, pct: reports.append((msg, pct))).future)
     assert worker.state == "ready" and reports == [("reading", 50)]
@@ -47,7 +48,9 @@ async def test_jobs_run_in_order_with_drafts_on_the_loop():
     worker = await ready_worker(logs)
     loop_thread = threading.get_ident()
     drafts = []
-    ticket = worker.submit("a", "job a", stepping(3), lambda step, text: drafts.append((step, text, threading.get_ident())))
+    ticket = worker.submit(
+        "a", "job a", stepping(3), lambda step, text: drafts.append((step, text, threading.get_ident()))
+    )
     assert await asyncio.wrap_future(ticket.future) == ("model m", 3)
     await asyncio.sleep(0)  # drafts were scheduled before the result: let the loop run them
     assert [(s, t) for s, t, _ in drafts] == [(1, "text 1"), (2, "text 2"), (3, "text 3")]

@@ -28,8 +28,6 @@ Ids are the embedded tiny model's (llada_lsp/data/tiny). Waits are on answers an
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import asyncio
 import contextlib
 import json
@@ -42,10 +40,11 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -315,7 +314,9 @@ async def test_a_revision_is_a_cold_start_and_the_welcome_says_so(short_dir, tin
     """SGLang starts every generation from masks: the welcome tells the front (its status says cold
     starts), and an infill carrying a draft is served exactly as one without (the same prompt, answer)."""
     codec = tiny.codec
-    answer = Stream([codec.encode(" b  # the sum") + [codec.special.eos]], {"type": "stop", "matched": codec.special.eos})
+    answer = Stream(
+        [codec.encode(" b  # the sum") + [codec.special.eos]], {"type": "stop", "matched": codec.special.eos}
+    )
     with FakeSGLang(lambda body: answer) as fake:
         async with service_on(SGLangBackend(fake.url), short_dir) as (address, _):
             async with await EngineClient.connect(address, "editor") as client:
@@ -329,8 +330,10 @@ async def test_a_revision_is_a_cold_start_and_the_welcome_says_so(short_dir, tin
     assert fake.generated[1]["input_ids"] == plan.request.prompt_ids and plan.request.init_ids is None
 
 
-BODY = ("total = 0\n    for i in range(10):\n        total += i\n        total *= 2\n    for j in range(3):\n"
-        "        total -= j\n    print(total)\n    return total\n")  # 40 ids: two blocks
+BODY = (
+    "total = 0\n    for i in range(10):\n        total += i\n        total *= 2\n    for j in range(3):\n"
+    "        total -= j\n    print(total)\n    return total\n"
+)  # 40 ids: two blocks
 
 
 @pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])

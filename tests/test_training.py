@@ -49,11 +49,44 @@ def test_split_is_deterministic_and_disjoint():
 
 @pytest.mark.slow
 def test_a_few_steps_lower_the_loss(tmp_path, restore_threads):
-    config = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                  intermediate_size=128, moe_intermediate_size=32, num_experts=4, n_group=2, topk_group=1)
-    argv = ["--out", str(tmp_path), "--steps", "40", "--batch", "4", "--seq-len", "64", "--corpus-limit", "12",
-            "--vocab-size", "600", "--warmup", "5", "--lr", "1e-2", "--save-every", "1000", "--threads", "1",
-            "--config", json.dumps(config), "--export", str(tmp_path / "export")]
+    config = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_experts=4,
+        n_group=2,
+        topk_group=1,
+    )
+    argv = [
+        "--out",
+        str(tmp_path),
+        "--steps",
+        "40",
+        "--batch",
+        "4",
+        "--seq-len",
+        "64",
+        "--corpus-limit",
+        "12",
+        "--vocab-size",
+        "600",
+        "--warmup",
+        "5",
+        "--lr",
+        "1e-2",
+        "--save-every",
+        "1000",
+        "--threads",
+        "1",
+        "--config",
+        json.dumps(config),
+        "--export",
+        str(tmp_path / "export"),
+    ]
     assert train_main(argv) == 0
     state = torch.load(tmp_path / "state.pt", weights_only=False)
     losses = state["losses"]

@@ -15,7 +15,9 @@ import pytest
 from llada_lsp.training import corpus
 from llada_lsp.training.corpus import CorpusError, is_held_out
 
-MIT_TEXT = "Copyright (c) 2020 Someone\n\nPermission is hereby granted, free of charge, to any person obtaining a copy\n"
+MIT_TEXT = (
+    "Copyright (c) 2020 Someone\n\nPermission is hereby granted, free of charge, to any person obtaining a copy\n"
+)
 GPL_TEXT = "GNU GENERAL PUBLIC LICENSE\nVersion 3, 29 June 2007\n"
 MODULE = '''"""A small module."""
 
@@ -97,19 +99,25 @@ def offline(name: str, version: str, dest: Path) -> Path:
 
 def test_licence_comes_from_the_metadata_and_must_agree_with_the_licence_file(tmp_path):
     files = {"pkg/a.py": MODULE}
-    pkg, kept, _ = corpus.read_sdist(make_sdist(tmp_path / "a", "a", "1", "License-Expression: MIT", MIT_TEXT, files), "a")
+    pkg, kept, _ = corpus.read_sdist(
+        make_sdist(tmp_path / "a", "a", "1", "License-Expression: MIT", MIT_TEXT, files), "a"
+    )
     assert (pkg.license, pkg.license_family, pkg.license_file, pkg.files) == ("MIT", "MIT", "LICENSE", 1)
     assert kept[0].path == "pypi/a/pkg/a.py" and pkg.bytes == len(MODULE.encode())
     bsd = "Redistribution and use in source and binary forms, with or without modification, are permitted\n"
     dual = make_sdist(tmp_path / "b", "b", "1", "License-Expression: Apache-2.0 OR BSD-2-Clause", bsd, files)
     assert corpus.read_sdist(dual, "b")[0].license_family == "BSD"
-    classifier = make_sdist(tmp_path / "c", "c", "1", "Classifier: License :: OSI Approved :: MIT License", MIT_TEXT, files)
+    classifier = make_sdist(
+        tmp_path / "c", "c", "1", "Classifier: License :: OSI Approved :: MIT License", MIT_TEXT, files
+    )
     assert corpus.read_sdist(classifier, "c")[0].license_family == "MIT"
     refused = {
         "copyleft": make_sdist(tmp_path / "d", "d", "1", "License-Expression: GPL-3.0-only", GPL_TEXT, files),
         "no licence file": make_sdist(tmp_path / "e", "e", "1", "License-Expression: MIT", None, files),
         "file disagrees": make_sdist(tmp_path / "f", "f", "1", "License-Expression: MIT", GPL_TEXT, files),
-        "MIT AND GPL": make_sdist(tmp_path / "g", "g", "1", "License-Expression: MIT AND GPL-2.0-only", MIT_TEXT, files),
+        "MIT AND GPL": make_sdist(
+            tmp_path / "g", "g", "1", "License-Expression: MIT AND GPL-2.0-only", MIT_TEXT, files
+        ),
     }
     for why, sdist in refused.items():
         with pytest.raises(CorpusError, match="refused"):
@@ -157,7 +165,9 @@ def test_build_verifies_the_sha256_resumes_and_says_what_to_do_offline(tmp_path,
     corpus.build(cache, manifest, download=index, stdlib=fake_stdlib, log=lambda _: None)
     assert len(index.calls) == 2
 
-    make_sdist(index.folder, "shapes", "1.0", "License-Expression: MIT", MIT_TEXT, {"src/x.py": "x = 2\n"})  # re-released
+    make_sdist(
+        index.folder, "shapes", "1.0", "License-Expression: MIT", MIT_TEXT, {"src/x.py": "x = 2\n"}
+    )  # re-released
     (cache / "sdists" / "shapes-1.0.tar.gz").unlink()
     with pytest.raises(CorpusError, match="sha256 .* refused"):
         corpus.build(cache, manifest, download=index, stdlib=fake_stdlib, log=lambda _: None)
@@ -187,8 +197,18 @@ def test_the_candidate_run_trains_resumes_scores_and_decides(tmp_path, fake_stdl
     manifest, cache, out = tmp_path / "manifest.json", tmp_path / "corpus", tmp_path / "run"
     corpus.add(["shapes==1.0"], cache, manifest, download=index, log=lambda _: None)
     corpus.build(cache, manifest, download=None, stdlib=fake_stdlib, log=lambda _: None)
-    tiny = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                intermediate_size=128, moe_intermediate_size=32, num_experts=4, n_group=2, topk_group=1)
+    tiny = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_experts=4,
+        n_group=2,
+        topk_group=1,
+    )
     common = ["--out", str(out), "--corpus", str(cache), "--device", "cpu", "--minutes", "30"]
     train_flags = ["--recipe", "scratch", "--config", json.dumps(tiny), "--batch", "2", "--seq-len", "64",
                    "--threads", "1", "--warmup", "1"]  # fmt: skip
@@ -200,7 +220,20 @@ def test_the_candidate_run_trains_resumes_scores_and_decides(tmp_path, fake_stdl
     assert "resumed from" in capsys.readouterr().out
     assert torch.load(out / "state.pt", weights_only=False)["step"] == 5
 
-    evaluate = ["--phase", "eval", "--n", "1", "--n-other", "0", "--modes", "speed", "--jobs", "1", "--eval-device", "cpu"]
+    evaluate = [
+        "--phase",
+        "eval",
+        "--n",
+        "1",
+        "--n-other",
+        "0",
+        "--modes",
+        "speed",
+        "--jobs",
+        "1",
+        "--eval-device",
+        "cpu",
+    ]
     assert candidate.candidate_main([*common, *evaluate]) == 0
     printed = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())

@@ -9,7 +9,8 @@ native engine (backends/native.py) and backends/sglang.SGLangWorker. Knows nothi
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from ..completion.codec import TextCodec
 from ..completion.generation import LoadedModel

@@ -8,7 +8,8 @@ and of the engine's drafts and results back. Knows nothing of plans' text, socke
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable, Generator
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any
 
 from ..completion.generation import Draft, GenerationRequest, LoadedModel, ModelSpec, Result
 from ..errors import CheckpointError

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator
+from typing import Any
 
 import httpx
 
@@ -115,11 +116,17 @@ class SGLangServer:
 def _status_failure(url: str, status: int, body: bytes, has_key: bool) -> BackendFailure:
     message = _message_of(_json_or_text(body))
     if status == 401 and has_key:
-        return BackendFailure("auth", f"SGLang at {url} refused the API key (401 Unauthorized): the file of "
-                              "--backend-token-file must hold the key the server got with --api-key")
+        return BackendFailure(
+            "auth",
+            f"SGLang at {url} refused the API key (401 Unauthorized): the file of "
+            "--backend-token-file must hold the key the server got with --api-key",
+        )
     if status == 401:
-        return BackendFailure("auth", f"SGLang at {url} wants an API key (401 Unauthorized): put the key of its "
-                              "--api-key in a file of mode 0600 and pass it with --backend-token-file")
+        return BackendFailure(
+            "auth",
+            f"SGLang at {url} wants an API key (401 Unauthorized): put the key of its "
+            "--api-key in a file of mode 0600 and pass it with --backend-token-file",
+        )
     if status == 403:
         return BackendFailure("auth", f"SGLang at {url} forbids this request (403 Forbidden): {message}")
     if status == 503:

@@ -46,7 +46,9 @@ def random_model(seed: int = 0) -> LLaDA2:
                 p.normal_(0, p.shape[-1] ** -0.5)
         emb = model.model.word_embeddings.weight
         emb.normal_(0, 1)
-        head = 5 / cfg.hidden_size**0.5 * torch.randn_like(model.lm_head.weight) + 2 * emb / emb.norm(dim=-1, keepdim=True)
+        head = 5 / cfg.hidden_size**0.5 * torch.randn_like(model.lm_head.weight) + 2 * emb / emb.norm(
+            dim=-1, keepdim=True
+        )
         head[cfg.mask_token_id] *= 0.1
         model.lm_head.weight.copy_(head)
     return model.eval().requires_grad_(False)
@@ -91,9 +93,11 @@ def bench_main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     model = random_model(args.seed)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"random LLaDA2 checkpoint: {n_params / 1e6:.1f}M parameters, {model.config.num_hidden_layers} layers, "
-          f"{model.config.num_experts} experts top-{model.config.num_experts_per_tok}; CPU, float32, "
-          f"{torch.get_num_threads()} threads; mode {args.mode}, gen_length {args.gen_length}")
+    print(
+        f"random LLaDA2 checkpoint: {n_params / 1e6:.1f}M parameters, {model.config.num_hidden_layers} layers, "
+        f"{model.config.num_experts} experts top-{model.config.num_experts_per_tok}; CPU, float32, "
+        f"{torch.get_num_threads()} threads; mode {args.mode}, gen_length {args.gen_length}"
+    )
     cached, baseline = engines(model)
     gen = torch.Generator().manual_seed(args.seed)
     header = "| prompt | steps | tokens/forward | cached tokens/s | recompute tokens/s | speedup | same tokens |"
@@ -103,8 +107,11 @@ def bench_main(argv: list[str] | None = None) -> int:
         prompt = torch.randint(0, model.config.vocab_size - 8, (length,), generator=gen).tolist()
         a, b, t = compare(cached, baseline, prompt, args.gen_length, args.mode)
         n = len(a.tokens)
-        print(f"| {length} | {a.steps} (+{a.prefill_forwards} prefill) | {a.tokens_per_forward:.2f} | "
-              f"{n / a.seconds:.1f} | {n / t:.1f} | {t / a.seconds:.1f}x | {a.tokens == b.tokens} |", flush=True)
+        print(
+            f"| {length} | {a.steps} (+{a.prefill_forwards} prefill) | {a.tokens_per_forward:.2f} | "
+            f"{n / a.seconds:.1f} | {n / t:.1f} | {t / a.seconds:.1f}x | {a.tokens == b.tokens} |",
+            flush=True,
+        )
     return 0
 
 
@@ -122,9 +129,7 @@ PEAK_GBS = {"H200": 4800, "H100": 3350, "H800": 3350, "A100": 2039, "L40S": 864,
 BLOCK = 32  # queries per block
 
 
-def shape_config(
-    shape: str, layers: int | None, quantize: str | None
-) -> tuple[LLaDA2Config, int, float | None]:
+def shape_config(shape: str, layers: int | None, quantize: str | None) -> tuple[LLaDA2Config, int, float | None]:
     """A named shape or a config.json path -> (config with `layers` layers, the full depth, paper tokens
     per forward). At least one MoE layer is built, so a one-layer run still times the experts."""
     if shape in SHAPES:

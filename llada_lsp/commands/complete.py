@@ -51,7 +51,7 @@ class Session:
         self._state_changed = asyncio.Event()
         self.client.feature("llada/status")(lambda params: self._on_status(params))
 
-    async def __aenter__(self) -> "Session":
+    async def __aenter__(self) -> Session:
         server = [sys.executable, "-m", "llada_lsp", "serve", "--log-level", self.args.log_level or "warning"]
         for flag in ("model", "device", "dtype", "threads", "engine", "token_file"):
             if getattr(self.args, flag, None):
@@ -60,7 +60,9 @@ class Session:
         # The server's log goes to stderr as it comes when asked for (--log-level); otherwise it is
         # kept, and shown only if the server ends without an answer: a failure is said in one line.
         self.log = bytearray()
-        self._stderr = asyncio.create_task(_forward(self.client._server.stderr, None if self.args.log_level else self.log))
+        self._stderr = asyncio.create_task(
+            _forward(self.client._server.stderr, None if self.args.log_level else self.log)
+        )
         capabilities = types.ClientCapabilities(
             general=types.GeneralClientCapabilities(position_encodings=[UTF16]),
             workspace=types.WorkspaceClientCapabilities(
@@ -296,7 +298,9 @@ def rewrite_main(argv: list[str] | None = None) -> int:
         _check(doc, path, *span[:2])
         _check(doc, path, *span[2:], end=True)
         if span[2:] < span[:2]:
-            raise InputError(f"{args.span}: the range ends ({span[2]}:{span[3]}) before it starts ({span[0]}:{span[1]})")
+            raise InputError(
+                f"{args.span}: the range ends ({span[2]}:{span[3]}) before it starts ({span[0]}:{span[1]})"
+            )
         if span[2:] == span[:2]:
             raise InputError(f"{args.span}: the range is empty (the end column is exclusive): nothing to rewrite")
     except InputError as err:
@@ -363,5 +367,3 @@ def _options(args, **settings) -> dict[str, Any]:
 
 def _plain(position: types.Position) -> dict[str, int]:
     return {"line": position.line, "character": position.character}
-
-

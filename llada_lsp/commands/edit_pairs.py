@@ -30,12 +30,23 @@ TRAIN_SET = Path("runs") / "edit_pairs" / "train.jsonl.gz"
 def edit_pairs_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp edit-pairs", description=__doc__.split("\n\n")[0])
     ap.add_argument("--manifest", default=str(MANIFEST), help="default: the package's training/edit_manifest.json")
-    ap.add_argument("--mirrors", default="/work/.mirror/{owner}+{name}/repo",
-                    help="where each repository's git directory is, {owner} and {name} filled in (default: %(default)s)")
-    ap.add_argument("--git-dir", action="append", default=[], metavar="OWNER/NAME=PATH",
-                    help="this repository's git directory (overrides --mirrors; repeatable)")
-    ap.add_argument("--discover", action="store_true",
-                    help="mine the whole history at each head, choose the evaluation set anew, rewrite the manifest")
+    ap.add_argument(
+        "--mirrors",
+        default="/work/.mirror/{owner}+{name}/repo",
+        help="where each repository's git directory is, {owner} and {name} filled in (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--git-dir",
+        action="append",
+        default=[],
+        metavar="OWNER/NAME=PATH",
+        help="this repository's git directory (overrides --mirrors; repeatable)",
+    )
+    ap.add_argument(
+        "--discover",
+        action="store_true",
+        help="mine the whole history at each head, choose the evaluation set anew, rewrite the manifest",
+    )
     ap.add_argument("--eval-out", default=str(EVAL_SET), help="default: the package's data/next_edit/cases.jsonl.gz")
     ap.add_argument("--train-out", default=str(TRAIN_SET), help="default: %(default)s (not shipped)")
     ap.add_argument("--only", choices=["eval", "train"], default=None, help="rebuild one split only")
@@ -53,8 +64,9 @@ def edit_pairs_main(argv: list[str] | None = None) -> int:
             print(f"llada-lsp edit-pairs: no git directory for {entry['repo']} at {git_dir}", file=sys.stderr)
             return 2
         if args.discover:
-            entry["head"] = subprocess.run(["git", "--git-dir", git_dir, "rev-parse", "HEAD"], check=True,
-                                           capture_output=True, text=True).stdout.strip()
+            entry["head"] = subprocess.run(
+                ["git", "--git-dir", git_dir, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+            ).stdout.strip()
             commits = ep.python_commits(git_dir, entry["head"])
         else:
             commits = entry["commits"]
@@ -81,10 +93,14 @@ def edit_pairs_main(argv: list[str] | None = None) -> int:
         cases.sort(key=lambda c: (c["repo"], c["commit"], c["path"]))
     if args.only != "train":
         ep.write_jsonl_gz(args.eval_out, out["eval"])
-        print(f"eval: {len(out['eval'])} cases {dict(collections.Counter(c['kind'] for c in out['eval']))} -> {args.eval_out}")
+        print(
+            f"eval: {len(out['eval'])} cases {dict(collections.Counter(c['kind'] for c in out['eval']))} -> {args.eval_out}"
+        )
     if args.only != "eval":
         ep.write_jsonl_gz(args.train_out, out["train"])
-        print(f"train: {len(out['train'])} cases {dict(collections.Counter(c['kind'] for c in out['train']))} -> {args.train_out}")
+        print(
+            f"train: {len(out['train'])} cases {dict(collections.Counter(c['kind'] for c in out['train']))} -> {args.train_out}"
+        )
     return 0
 
 

@@ -17,7 +17,8 @@ import sys
 
 from .. import wire
 from ..address import Address, default_socket_path, parse_address, read_token
-from ..backends.sglang_config import MODES as SGLANG_MODES, backend_argument
+from ..backends.sglang_config import MODES as SGLANG_MODES
+from ..backends.sglang_config import backend_argument
 from ..completion.generation import ModelSpec, add_model_arguments
 from ..runtime.loop import run
 from ..service.client import EngineClient, EngineFailure
@@ -50,6 +51,7 @@ async def serve(args: argparse.Namespace, address: Address, token: str | None) -
     except (AlreadyServing, ValueError, OSError) as err:
         print(f"llada-lsp engine: {err}", file=sys.stderr)
         return 1
+
     def log(line: str) -> None:
         logger.info("%s", line)
 
@@ -160,16 +162,23 @@ def parser() -> argparse.ArgumentParser:
     batching.add_argument("--cuda-graph", action="store_true",
                           help="replay each denoising step from a CUDA graph per batch size (CUDA, the whole model "
                           "on one device; off by default until measured: docs/gpu.md)")  # fmt: skip
-    batching.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
-                          help="never reuse the keys and values of prompt blocks an earlier request computed")
+    batching.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_false",
+        help="never reuse the keys and values of prompt blocks an earlier request computed",
+    )
     remote = ap.add_argument_group("where the model runs")
     remote.add_argument("--backend", type=backend_argument, metavar="native|sglang+URL[,quality=URL]",
                         help="native (default): this process loads the model; sglang+http://HOST:PORT"
                         "[,quality=http://HOST2:PORT2]: SGLang servers generate (speed requests to the first, "
                         "quality to the second, else to the first), the prompts are tokenized here with --model's "
                         "tokenizer (docs/sglang.md)")  # fmt: skip
-    remote.add_argument("--backend-token-file", metavar="PATH",
-                        help="a file of yours with mode 0600 holding the --api-key of the SGLang servers")
+    remote.add_argument(
+        "--backend-token-file",
+        metavar="PATH",
+        help="a file of yours with mode 0600 holding the --api-key of the SGLang servers",
+    )
     remote.add_argument("--backend-timeout", type=float, default=30.0, metavar="SECONDS",
                         help="how long an SGLang server may send nothing in the middle of an answer before the "
                         "request fails (default: 30)")  # fmt: skip

@@ -29,12 +29,22 @@ def eval_infill_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp eval-infill", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="model folder (default: the embedded model)")
     ap.add_argument("--n", type=int, default=100, help="tasks per kind (default: 100)")
-    ap.add_argument("--modes", default="speed,quality,no-edit", help="decoding presets to score, comma-separated (default: %(default)s)")
-    ap.add_argument("--kinds", default=",".join(TASK_KINDS), help="task kinds to score, comma-separated (default: %(default)s)")
+    ap.add_argument(
+        "--modes",
+        default="speed,quality,no-edit",
+        help="decoding presets to score, comma-separated (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--kinds", default=",".join(TASK_KINDS), help="task kinds to score, comma-separated (default: %(default)s)"
+    )
     ap.add_argument("--seed", type=int, default=1234, help="which tasks are cut (default: 1234)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    ap.add_argument("--tasks-from", default=None, help="cut the tasks from this held-out corpus file (.jsonl.gz "
-                    "from `python -m llada_lsp.training.corpus`; default: this interpreter's held-out stdlib)")
+    ap.add_argument(
+        "--tasks-from",
+        default=None,
+        help="cut the tasks from this held-out corpus file (.jsonl.gz "
+        "from `python -m llada_lsp.training.corpus`; default: this interpreter's held-out stdlib)",
+    )
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     ap.add_argument("--dtype", default="float32", help="default: %(default)s")
     ap.add_argument("--json", action="store_true", help="also print the scores as one JSON line")
@@ -62,22 +72,27 @@ def eval_infill_main(argv: list[str] | None = None) -> int:
             answers.setdefault(mode, {})[kind], results.setdefault(mode, {})[kind] = answer(model, ts, mode)
         print(f"[{mode}: {time.time() - started:.0f}s]", file=sys.stderr, flush=True)
 
-    print(f"held-out infill, {args.n} tasks per kind, model {args.model or 'embedded'}"
-          + (f", tasks from {args.tasks_from}" if args.tasks_from else ""))
+    print(
+        f"held-out infill, {args.n} tasks per kind, model {args.model or 'embedded'}"
+        + (f", tasks from {args.tasks_from}" if args.tasks_from else "")
+    )
     print("| mode | task | first-line EM | full EM | syntax-valid | TPF | tokens/s |")
     print("|---|---|---|---|---|---|---|")
     for mode, per_kind in results.items():
         for kind, s in per_kind.items():
             tpf = f"{s['tpf']:.2f}" if "tpf" in s else "-"
             tok_s = f"{s['tokens_per_s']:.0f}" if "tokens_per_s" in s else "-"
-            print(f"| {mode} | {kind} | {s['first_line_em']:.1%} | {s['full_em']:.1%} | {s['syntax_ok']:.1%} | {tpf} | {tok_s} |")
+            print(
+                f"| {mode} | {kind} | {s['first_line_em']:.1%} | {s['full_em']:.1%} | {s['syntax_ok']:.1%} | {tpf} | {tok_s} |"
+            )
     if "no-edit" in answers:  # does editing pay, or is the gap noise? Same tasks, so compare them in pairs.
         for mode in (m for m in answers if m != "no-edit"):
             for kind, ts in by_kind.items():
                 a, b, p = paired(ts, answers[mode][kind], answers["no-edit"][kind])
-                print(f"{mode} vs no-edit, {kind}: first line right only in {mode} {a}, only in no-edit {b}"
-                      f" (sign test p = {p:.2f})")
+                print(
+                    f"{mode} vs no-edit, {kind}: first line right only in {mode} {a}, only in no-edit {b}"
+                    f" (sign test p = {p:.2f})"
+                )
     if args.json:
         print(json.dumps(results))
     return 0
-

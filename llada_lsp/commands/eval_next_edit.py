@@ -82,8 +82,13 @@ def apply_answer(text: str, result: Any, version: int, encoding: str = "utf-16")
         return None
     if result.get("version") is not None and result["version"] != version:
         return None
-    spans = sorted(((to_offset(text, e["range"]["start"], encoding), to_offset(text, e["range"]["end"], encoding),
-                     e["newText"]) for e in result["edits"]), reverse=True)
+    spans = sorted(
+        (
+            (to_offset(text, e["range"]["start"], encoding), to_offset(text, e["range"]["end"], encoding), e["newText"])
+            for e in result["edits"]
+        ),
+        reverse=True,
+    )
     for start, end, new in spans:
         text = text[:start] + new + text[end:]
     return text
@@ -101,8 +106,9 @@ class StdioClient:
     in any order), notifications, and requests from the server answered with a null result."""
 
     def __init__(self, command: list[str], env: dict | None = None):
-        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=env)
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
         self._next = 0
         self._lock = threading.Lock()
         self._waiting: dict[int, queue.Queue] = {}
@@ -188,11 +194,15 @@ class Session:
     def __init__(self, command: list[str], options: dict, timeout: float):
         self.client = StdioClient(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.timeout = timeout
-        capabilities = {"general": {"positionEncodings": ["utf-16"]},
-                        "textDocument": {"synchronization": {"dynamicRegistration": False}}}
-        result = self.client.request("initialize", {"processId": os.getpid(), "rootUri": None,
-                                                    "capabilities": capabilities, "initializationOptions": options},
-                                     timeout=timeout)
+        capabilities = {
+            "general": {"positionEncodings": ["utf-16"]},
+            "textDocument": {"synchronization": {"dynamicRegistration": False}},
+        }
+        result = self.client.request(
+            "initialize",
+            {"processId": os.getpid(), "rootUri": None, "capabilities": capabilities, "initializationOptions": options},
+            timeout=timeout,
+        )
         self.encoding = (result or {}).get("capabilities", {}).get("positionEncoding") or "utf-16"
         self.client.notify("initialized", {})
         self._n = 0
@@ -202,21 +212,34 @@ class Session:
         self._n += 1
         uri = f"file:///eval/{self._n}/{Path(case['path']).name}"
         text, version = case["before"], 1
-        self.client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python",
-                                                                     "version": version, "text": text}})
+        self.client.notify(
+            "textDocument/didOpen",
+            {"textDocument": {"uri": uri, "languageId": "python", "version": version, "text": text}},
+        )
         for e in case["history"]:
             version += 1
-            change = {"range": {"start": to_position(text, e["start"], self.encoding),
-                                "end": to_position(text, e["end"], self.encoding)}, "text": e["text"]}
-            self.client.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": version},
-                                                          "contentChanges": [change]})
+            change = {
+                "range": {
+                    "start": to_position(text, e["start"], self.encoding),
+                    "end": to_position(text, e["end"], self.encoding),
+                },
+                "text": e["text"],
+            }
+            self.client.notify(
+                "textDocument/didChange", {"textDocument": {"uri": uri, "version": version}, "contentChanges": [change]}
+            )
             text = apply(text, [e])
         started = time.perf_counter()
         error = None
         try:
-            result = self.client.request("llada/nextEdit", {"textDocument": {"uri": uri, "version": version},
-                                                            "position": to_position(text, case["cursor"], self.encoding)},
-                                         timeout=self.timeout)
+            result = self.client.request(
+                "llada/nextEdit",
+                {
+                    "textDocument": {"uri": uri, "version": version},
+                    "position": to_position(text, case["cursor"], self.encoding),
+                },
+                timeout=self.timeout,
+            )
             predicted = apply_answer(text, result, version, self.encoding)
         except (LspError, TimeoutError) as err:
             predicted, error = None, str(err)
@@ -228,12 +251,18 @@ class Session:
         self.client.close()
 
 
-WARM_UP = {"path": "warm.py", "before": "def f(a):\n    return a\n\n\nx = f(1)\n",
-           "history": [{"start": 6, "end": 7, "text": "b"}], "cursor": 7, "expected": None}
+WARM_UP = {
+    "path": "warm.py",
+    "before": "def f(a):\n    return a\n\n\nx = f(1)\n",
+    "history": [{"start": 6, "end": 7, "text": "b"}],
+    "cursor": 7,
+    "expected": None,
+}
 
 
-def run_configuration(command: list[str], options: dict, cases: list[dict], timeout: float,
-                      progress=None) -> tuple[list[str | None], list[float], list[str]]:
+def run_configuration(
+    command: list[str], options: dict, cases: list[dict], timeout: float, progress=None
+) -> tuple[list[str | None], list[float], list[str]]:
     """Every case through one server: the suggested texts, the seconds each took, the errors met.
     A warm-up request first (its model load is not timed)."""
     session = Session(command, options, timeout)
@@ -263,14 +292,20 @@ def _fmt(x: float, pct: bool = True) -> str:
 
 
 def table(rows: dict[str, dict]) -> list[str]:
-    lines = [("| configuration | EM (all) | EM (edit cases) | delta-chrF | silent precision | silent recall | "
-              "suggestions | reversal rate | parse kept | p50 ms | p95 ms |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            "| configuration | EM (all) | EM (edit cases) | delta-chrF | silent precision | silent recall | "
+            "suggestions | reversal rate | parse kept | p50 ms | p95 ms |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in rows.items():
-        lines.append(f"| {name} | {_fmt(r['exact_all'])} | {_fmt(r['exact_edit'])} | {_fmt(r['delta_chrf'], False)} | "
-                     f"{_fmt(r['silent_precision'])} | {_fmt(r['silent_recall'])} | {r['suggested']} | "
-                     f"{_fmt(r['reversal_rate'])} | {_fmt(r['parse_kept'])} | {_fmt(r['p50_ms'], False)} | "
-                     f"{_fmt(r['p95_ms'], False)} |")
+        lines.append(
+            f"| {name} | {_fmt(r['exact_all'])} | {_fmt(r['exact_edit'])} | {_fmt(r['delta_chrf'], False)} | "
+            f"{_fmt(r['silent_precision'])} | {_fmt(r['silent_recall'])} | {r['suggested']} | "
+            f"{_fmt(r['reversal_rate'])} | {_fmt(r['parse_kept'])} | {_fmt(r['p50_ms'], False)} | "
+            f"{_fmt(r['p95_ms'], False)} |"
+        )
     return lines
 
 
@@ -278,19 +313,34 @@ def eval_next_edit_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp eval-next-edit", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default=str(EVAL_SET), help="cases (.jsonl.gz; default: the shipped held-out set)")
     ap.add_argument("--limit", type=int, default=None, help="only the first N cases (default: all)")
-    ap.add_argument("--sample", type=int, default=None,
-                    help="N cases spread evenly over the set (every repository, in proportion; default: all)")
+    ap.add_argument(
+        "--sample",
+        type=int,
+        default=None,
+        help="N cases spread evenly over the set (every repository, in proportion; default: all)",
+    )
     ap.add_argument("--model", default=None, help="a fine-tuned model folder: scored beside the shipped model")
-    ap.add_argument("--server", default=f"{shlex.quote(sys.executable)} -m llada_lsp --engine local",
-                    help="the server command line (default: %(default)s)")
-    ap.add_argument("--configs", default="shipped,fine-tuned,no-history," + SILENT.replace(" ", "-"),
-                    help="which configurations, comma-separated (default: %(default)s; fine-tuned needs --model)")
+    ap.add_argument(
+        "--server",
+        default=f"{shlex.quote(sys.executable)} -m llada_lsp --engine local",
+        help="the server command line (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--configs",
+        default="shipped,fine-tuned,no-history," + SILENT.replace(" ", "-"),
+        help="which configurations, comma-separated (default: %(default)s; fine-tuned needs --model)",
+    )
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds one request may take (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="also print the rows as one JSON line")
     ap.add_argument("--save", default=None, help="write every configuration's per-case scores here (JSON)")
-    ap.add_argument("--load", action="append", default=[], metavar="FILE",
-                    help="configurations scored by an earlier run on the same cases (--save's file): shown and "
-                         "sign-tested beside this run's, not run again (repeatable)")
+    ap.add_argument(
+        "--load",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="configurations scored by an earlier run on the same cases (--save's file): shown and "
+        "sign-tested beside this run's, not run again (repeatable)",
+    )
     args = ap.parse_args(argv)
     cases = list(read_jsonl_gz(args.cases))[: args.limit]
     if args.sample and args.sample < len(cases):
@@ -299,10 +349,18 @@ def eval_next_edit_main(argv: list[str] | None = None) -> int:
         ap.error(f"no cases in {args.cases}")
     server = shlex.split(args.server)
     on = {"nextEdit": True, "nextEditHistory": True}
-    plans = {"shipped": (server, on), "fine-tuned": (server + ["--model", args.model] if args.model else None, on),
-             "no-history": (server, {**on, "nextEditHistory": False}), "always-silent": (None, None)}
-    names = {"shipped": "shipped model", "fine-tuned": f"fine-tuned ({args.model})",
-             "no-history": "rewrite the window without history", "always-silent": SILENT}
+    plans = {
+        "shipped": (server, on),
+        "fine-tuned": (server + ["--model", args.model] if args.model else None, on),
+        "no-history": (server, {**on, "nextEditHistory": False}),
+        "always-silent": (None, None),
+    }
+    names = {
+        "shipped": "shipped model",
+        "fine-tuned": f"fine-tuned ({args.model})",
+        "no-history": "rewrite the window without history",
+        "always-silent": SILENT,
+    }
     wanted = [c for c in args.configs.split(",") if c]
     unknown = [c for c in wanted if c not in plans]
     if unknown:
@@ -325,9 +383,11 @@ def eval_next_edit_main(argv: list[str] | None = None) -> int:
         if command is None:
             predicted, seconds, errors = [None] * len(cases), [], []
         else:
+
             def progress(i, n, key=key, started=started):
                 if i % 25 == 0 or i == n:
                     print(f"[{key}: {i}/{n}, {time.time() - started:.0f}s]", file=sys.stderr, flush=True)
+
             predicted, seconds, errors = run_configuration(command, options, cases, args.timeout, progress)
         for error in errors[:5]:
             print(f"[{key}] {error}", file=sys.stderr)
@@ -342,20 +402,25 @@ def eval_next_edit_main(argv: list[str] | None = None) -> int:
     kinds: dict[str, int] = {}
     for c in cases:
         kinds[c["kind"]] = kinds.get(c["kind"], 0) + 1
-    print(f"next edit on {len(cases)} held-out cases ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}) "
-          f"from {', '.join(sorted({c['repo'] for c in cases}))}")
+    print(
+        f"next edit on {len(cases)} held-out cases ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}) "
+        f"from {', '.join(sorted({c['repo'] for c in cases}))}"
+    )
     print("\n".join(table(rows)))
     keys = list(scores)
     for i, a in enumerate(keys):
-        for b in keys[i + 1:]:
+        for b in keys[i + 1 :]:
             only_a, only_b, p = paired_exact(scores[a], scores[b])
-            print(f"{names[a]} vs {names[b]}: exact only in the first {only_a}, only in the second {only_b} "
-                  f"(sign test p = {p:.3g})")
+            print(
+                f"{names[a]} vs {names[b]}: exact only in the first {only_a}, only in the second {only_b} "
+                f"(sign test p = {p:.3g})"
+            )
     if args.json:
         print(json.dumps(rows))
     if args.save:
-        Path(args.save).write_text(json.dumps({"cases": ids, "names": {k: names[k] for k in scores}, "rows": rows,
-                                               "scores": scores}))
+        Path(args.save).write_text(
+            json.dumps({"cases": ids, "names": {k: names[k] for k in scores}, "rows": rows, "scores": scores})
+        )
     return 0
 
 

@@ -19,7 +19,9 @@ from collections import Counter
 
 def eval_rewrite_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp eval-rewrite", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None, help="model folder or cached Hugging Face id (default: the embedded model)")
+    ap.add_argument(
+        "--model", default=None, help="model folder or cached Hugging Face id (default: the embedded model)"
+    )
     ap.add_argument("--n", type=int, default=20, help="selections per kind (default: 20, so 60 in all)")
     ap.add_argument("--mode", default="quality", help="decoding preset (default: quality, the rewrite default)")
     ap.add_argument("--seed", type=int, default=1234, help="which selections are cut (default: 1234)")
@@ -62,4 +64,3 @@ def eval_rewrite_main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"rows": [{k: r[k] for k in ("kind", "stopped", "reason", "parses")} for r in rows]}))
     return 1 if any(r["stopped"] == "done" and not r["parses"] for r in rows) else 0
-

@@ -185,8 +185,12 @@ def eval_typing_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", default="speed", choices=["speed", "quality"], help="inline mode (default: speed)")
     ap.add_argument("--threads", type=int, default=1, help="the server's model threads (default: 1)")
     ap.add_argument("--model", default=None, help="model folder (default: the embedded model)")
-    ap.add_argument("--corpus", type=Path, default=DEFAULT_CACHE,
-                    help="the corpus folder whose held-out third-party split is typed too (default: .corpus)")
+    ap.add_argument(
+        "--corpus",
+        type=Path,
+        default=DEFAULT_CACHE,
+        help="the corpus folder whose held-out third-party split is typed too (default: .corpus)",
+    )
     args = ap.parse_args(argv)
     splits = {"stdlib": iter_files("heldout")}
     third = args.corpus / SPLIT_FILES["heldout-thirdparty"]
@@ -204,7 +208,9 @@ def eval_typing_main(argv: list[str] | None = None) -> int:
         on = asyncio.run(replay(base, spans, args.seed, interval, f"{name}, revise on"))
         off = asyncio.run(replay(base + ["--no-revise"], spans, args.seed, interval, f"{name}, revise off"))
         results[name] = (scores(on), scores(off), paired_saved(on, off))
-    print(f"eval-typing: model {args.model or 'embedded'}, {args.mode} mode, seed {args.seed}, "
-          f"{args.interval_ms:.0f} ms per keystroke, {args.chars} characters per split, server threads {args.threads}")
+    print(
+        f"eval-typing: model {args.model or 'embedded'}, {args.mode} mode, seed {args.seed}, "
+        f"{args.interval_ms:.0f} ms per keystroke, {args.chars} characters per split, server threads {args.threads}"
+    )
     print(table(results))
     return 0

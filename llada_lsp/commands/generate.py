@@ -22,7 +22,9 @@ def parse_ids(text: str) -> list[int]:
 
 def generate_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp generate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None, help="model folder or Hugging Face id in the local cache (default: embedded)")
+    ap.add_argument(
+        "--model", default=None, help="model folder or Hugging Face id in the local cache (default: embedded)"
+    )
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (encoded with the checkpoint's tokenizer)")
     src.add_argument("--prompt-ids", type=parse_ids, help="prompt as token ids, e.g. 1,2,3")
@@ -37,8 +39,12 @@ def generate_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mask-id", type=int, help="default: from the checkpoint")
     ap.add_argument("--eos-id", type=int, help="default: from the checkpoint")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    ap.add_argument("--dtype", default=None, help="float32, bfloat16, float16, float64 (default: bf16 on CUDA, fp32 on CPU)")
-    ap.add_argument("--threads", type=int, metavar="N", help="CPU threads of the model (default: torch's, all the cores)")
+    ap.add_argument(
+        "--dtype", default=None, help="float32, bfloat16, float16, float64 (default: bf16 on CUDA, fp32 on CPU)"
+    )
+    ap.add_argument(
+        "--threads", type=int, metavar="N", help="CPU threads of the model (default: torch's, all the cores)"
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     if args.threads is not None:
@@ -67,9 +73,13 @@ def generate_main(argv: list[str] | None = None) -> int:
         preset.editing_threshold if args.editing_threshold is None else args.editing_threshold,
     )
     try:
-        result = Engine(model, block_size=args.block_length).generation(
-            prompt_ids, args.gen_length, policy, args.max_post_steps, args.eos_early_stop, args.mask_id, args.eos_id
-        ).run()
+        result = (
+            Engine(model, block_size=args.block_length)
+            .generation(
+                prompt_ids, args.gen_length, policy, args.max_post_steps, args.eos_early_stop, args.mask_id, args.eos_id
+            )
+            .run()
+        )
     except ValueError as err:
         print(f"llada-lsp generate: {err}", file=sys.stderr)
         return 2
@@ -84,6 +94,9 @@ def generate_main(argv: list[str] | None = None) -> int:
         print(json.dumps(report))
     else:
         print(text if text is not None else " ".join(map(str, result.tokens)))
-        print(f"-- {len(result.tokens)} tokens, {result.steps} steps (+{result.prefill_forwards} prefill), "
-              f"{result.tokens_per_forward:.2f} tokens/forward, {result.tokens_per_second:.1f} tokens/s", file=sys.stderr)
+        print(
+            f"-- {len(result.tokens)} tokens, {result.steps} steps (+{result.prefill_forwards} prefill), "
+            f"{result.tokens_per_forward:.2f} tokens/forward, {result.tokens_per_second:.1f} tokens/s",
+            file=sys.stderr,
+        )
     return 0

@@ -77,6 +77,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     ls.start_io()
     return _end(ls)
 
+
 def _end(ls: LladaServer) -> int:
     """The exit code once the client has gone without `exit` (the end of stdin). The model thread is
     told to stop, not waited for (a load stops only at its next tensor, a step may be stuck); while it

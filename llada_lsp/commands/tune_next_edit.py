@@ -18,18 +18,27 @@ import torch
 
 
 def tune_next_edit_main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="llada-lsp tune-next-edit", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="llada-lsp tune-next-edit",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     ap.add_argument("--cases", default="runs/edit_pairs/train.jsonl.gz", help="training cases (`llada-lsp edit-pairs`)")
     ap.add_argument("--out", type=Path, default=Path("runs/next_edit_tune"), help="run folder")
-    ap.add_argument("--init-from", type=Path, default=None, help="model folder to start from (default: the embedded model)")
+    ap.add_argument(
+        "--init-from", type=Path, default=None, help="model folder to start from (default: the embedded model)"
+    )
     ap.add_argument("--minutes", type=float, default=30.0, help="training time budget (this and earlier runs of OUT)")
     ap.add_argument("--edit-batch", type=int, default=6, help="edit examples per step")
     ap.add_argument("--infill-batch", type=int, default=4, help="infill sequences per step (the usual objective)")
     ap.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (AdamW, cosine to 10%%)")
     ap.add_argument("--keep-weight", type=float, default=0.3, help="loss weight of draft tokens already right")
-    ap.add_argument("--no-history-share", type=float, default=0.0,
-                    help="share of edit examples built without the history (the baseline's prompt)")
+    ap.add_argument(
+        "--no-history-share",
+        type=float,
+        default=0.0,
+        help="share of edit examples built without the history (the baseline's prompt)",
+    )
     ap.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=27)
@@ -59,14 +68,25 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
     mask_id, eos_id = codec.special.mask, codec.special.eos
     cases = list(read_jsonl_gz(args.cases))
     rng = random.Random(args.seed)
-    examples = [e for c in cases if (e := served_example(c, codec, seq_len, 1024,
-                                                          history=rng.random() >= args.no_history_share))]
-    print(f"{len(examples)} edit examples of {len(cases)} cases "
-          f"({sum(e.target[:len(e.init)] == e.init for e in examples)} no-edit)", flush=True)
+    examples = [
+        e
+        for c in cases
+        if (e := served_example(c, codec, seq_len, 1024, history=rng.random() >= args.no_history_share))
+    ]
+    print(
+        f"{len(examples)} edit examples of {len(cases)} cases "
+        f"({sum(e.target[: len(e.init)] == e.init for e in examples)} no-edit)",
+        flush=True,
+    )
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     state_file = args.out / "state.pt"
     step, spent, log = 0, 0.0, []
@@ -79,7 +99,11 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed * 1_000_003 + step)  # resumed runs see new draws, deterministically
     gen = torch.Generator().manual_seed(args.seed * 7919 + step)
     texts = [f.text for f in corpus.iter_files("train")]
-    infill = iter(Batches(texts, tok, args.seed * 1_000_003 + step, args.infill_batch, seq_len)) if args.infill_batch else None
+    infill = (
+        iter(Batches(texts, tok, args.seed * 1_000_003 + step, args.infill_batch, seq_len))
+        if args.infill_batch
+        else None
+    )
     allow = training_mask(seq_len, block)
     budget = args.minutes * 60
     started = time.time()
@@ -89,8 +113,17 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         tmp = state_file.with_suffix(".tmp")
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "seconds": elapsed(),
-                    "log": log, "args": {k: str(v) for k, v in vars(args).items()}}, tmp)
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "opt": opt.state_dict(),
+                "step": step,
+                "seconds": elapsed(),
+                "log": log,
+                "args": {k: str(v) for k, v in vars(args).items()},
+            },
+            tmp,
+        )
         tmp.replace(state_file)
         export(model, tok, args.out / "model")
 
@@ -99,22 +132,38 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
     model.train()
     try:
         while elapsed() < budget and not stop["now"]:
-            lr = args.lr * min(1.0, (step + 1) / 10) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed() / budget))))
+            lr = (
+                args.lr
+                * min(1.0, (step + 1) / 10)
+                * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed() / budget))))
+            )
             for group in opt.param_groups:
                 group["lr"] = lr
-            x, noisy, w = edit_batch(rng.sample(examples, min(args.edit_batch, len(examples))), seq_len, block, mask_id,
-                                     eos_id, args.keep_weight, rng)
+            x, noisy, w = edit_batch(
+                rng.sample(examples, min(args.edit_batch, len(examples))),
+                seq_len,
+                block,
+                mask_id,
+                eos_id,
+                args.keep_weight,
+                rng,
+            )
             loss, stats = edit_loss(model, x, noisy, w, allow)
             if infill is not None:
-                infill_loss, infill_stats = block_diffusion_loss(model, next(infill), mask_id, block, 0.15, 0.1, allow, gen)
+                infill_loss, infill_stats = block_diffusion_loss(
+                    model, next(infill), mask_id, block, 0.15, 0.1, allow, gen
+                )
                 loss = loss + infill_loss
                 stats["infill_acc"] = infill_stats["mask_acc"]
             update(model, opt, params, loss)
             step += 1
             log.append({"step": step, "loss": loss.item(), **stats})
             if step % 5 == 0:
-                print(f"step {step} {elapsed() / 60:.1f} min loss {loss.item():.3f} "
-                      + " ".join(f"{k} {v:.3f}" for k, v in stats.items()), flush=True)
+                print(
+                    f"step {step} {elapsed() / 60:.1f} min loss {loss.item():.3f} "
+                    + " ".join(f"{k} {v:.3f}" for k, v in stats.items()),
+                    flush=True,
+                )
             if step % args.save_every == 0:
                 save()
     except KeyboardInterrupt:

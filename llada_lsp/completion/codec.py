@@ -37,7 +37,7 @@ class TextCodec:
     stop_ids: frozenset[int]  # ids that end a generation: every special id but the mask
 
     @classmethod
-    def from_tokenizer(cls, tokenizer) -> "TextCodec":
+    def from_tokenizer(cls, tokenizer) -> TextCodec:
         special = SpecialIds.from_tokenizer(tokenizer)
         stops = {i for i in tokenizer.all_special_ids if i != special.mask}
         if special.eos is not None:
@@ -64,8 +64,9 @@ class TextCodec:
     @cached_property
     def token_texts(self) -> list[str]:
         """The text of every id alone (token healing looks for the ids that start with a given text)."""
-        return self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))], skip_special_tokens=False,
-                                           clean_up_tokenization_spaces=False)
+        return self.tokenizer.batch_decode(
+            [[i] for i in range(len(self.tokenizer))], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
 
     @cached_property
     def token_index(self) -> tuple[list[str], list[int]]:

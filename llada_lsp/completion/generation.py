@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from ..errors import TooLong
 from .codec import TextCodec
 
+
 class Flag(Protocol):
     def is_set(self) -> bool: ...
 

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|mask|>", FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE]
 CHAT_TEMPLATE = (
-    "<role>SYSTEM</role>detailed thinking off<|role_end|>"
-    "<role>HUMAN</role>{prompt}<|role_end|><role>ASSISTANT</role>"
+    "<role>SYSTEM</role>detailed thinking off<|role_end|><role>HUMAN</role>{prompt}<|role_end|><role>ASSISTANT</role>"
 )
 
 
@@ -29,7 +28,7 @@ class SpecialIds:
         return None not in (self.fim_prefix, self.fim_suffix, self.fim_middle)
 
     @classmethod
-    def from_tokenizer(cls, tokenizer) -> "SpecialIds":
+    def from_tokenizer(cls, tokenizer) -> SpecialIds:
         vocab = tokenizer.get_vocab()
         return cls(*(vocab.get(t) for t in SPECIAL_TOKENS))
 

@@ -273,7 +273,7 @@ class NextEdit:
 
     @classmethod
     def at(cls, text: str, cursor: int, history: tuple[str, ...], last: tuple[int, str, str] | None,
-           context_tokens: int, python: bool) -> tuple["NextEdit", int]:  # fmt: skip
+           context_tokens: int, python: bool) -> tuple[NextEdit, int]:  # fmt: skip
         """The job for a cursor at `cursor` of the document `text`, and the document offset of the
         window's start. `last`: (document offset, old, new) of the user's last edit."""
         start, end = edit_window(text, cursor)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from typing import Callable
+from collections.abc import Callable
 
+from ..errors import Refused
 from .generation import Draft, Flag, GenerationRequest, LoadedModel, Result, check_request
 from .jobs import Infill, Job, Outcome, Rewrite, trimmed
 from .postprocess import Completion, Cursor, bound_rewrite, finish, strip_special, unfence
 from .prompt import CHARS_PER_TOKEN, Healed, heal, infill_prompt, rewrite_prompt
-from ..errors import Refused
 from .syntax import check_rewrite
 
 MIN_PROMPT = 32  # positions always left to the prompt when a completion length is clamped to the model

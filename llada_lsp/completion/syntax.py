@@ -139,7 +139,7 @@ class Balance:
     in_string: str  # the quote the text ends inside of, or ""
 
     @classmethod
-    def of(cls, code: str) -> "Balance":
+    def of(cls, code: str) -> Balance:
         unmatched, stack, quote, i = [], [], "", 0
         while i < len(code):
             c = code[i]

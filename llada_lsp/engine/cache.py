@@ -34,8 +34,8 @@ class Node:
 
     page: int
     key: tuple[int, ...]
-    parent: "Node | None"
-    children: dict[tuple[int, ...], "Node"] = field(default_factory=dict)
+    parent: Node | None
+    children: dict[tuple[int, ...], Node] = field(default_factory=dict)
     refs: int = 0
     used: int = 0
 
@@ -191,7 +191,7 @@ class BlockCache:
             stack.extend(node.children.values())
             yield node
 
-    def view(self, rows: list[tuple[list[int], int, int]], width: int) -> "PagedView":
+    def view(self, rows: list[tuple[list[int], int, int]], width: int) -> PagedView:
         """The view of one batched forward. `rows`: per row (pages by block index, first query
         position, end position): the row's queries are positions [start, end), right-aligned in a
         [B, width] query tensor (left padding), and it sees keys [0, end). The row descriptors go to

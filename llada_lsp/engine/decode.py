@@ -7,7 +7,7 @@ Knows nothing of text, documents or the LSP.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -25,7 +25,7 @@ CPU_CACHE_MB = 256  # on CUDA: a quarter of the device's free memory when the en
 class Generation:
     """Iterate for drafts; `result` is set once iteration ends (normally, by EOS, or by cancel)."""
 
-    def __init__(self, engine: "Engine", settings: Settings):
+    def __init__(self, engine: Engine, settings: Settings):
         self.engine, self.settings = engine, settings
         self.result: GenerationResult | None = None
 
@@ -160,6 +160,4 @@ def generate(
     """Blocking generation with the joint-threshold rule; None ids come from the checkpoint."""
     engine = Engine(model, block_size=block_length)
     policy = JointThreshold(threshold, editing_threshold)
-    return engine.generation(
-        prompt_ids, gen_length, policy, max_post_steps, eos_early_stop, mask_id, eos_id
-    ).run()
+    return engine.generation(prompt_ids, gen_length, policy, max_post_steps, eos_early_stop, mask_id, eos_id).run()

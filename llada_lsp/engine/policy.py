@@ -44,7 +44,7 @@ def _guesses(logits, mask_id, renormalised: bool):
     return conf, token
 
 
-def joint_threshold(tokens, logits, frozen, mask_ids, thresholds, editing) -> "StepUpdate":
+def joint_threshold(tokens, logits, frozen, mask_ids, thresholds, editing) -> StepUpdate:
     """One step of the joint-threshold rule for every row of a batch, each with its own thresholds.
     tokens [B, N], logits [B, N, V], frozen [B, N] bool (prompt positions), mask_ids [B],
     thresholds / editing: one float per row (a list, or a [B] tensor). Returns a StepUpdate of [B, N]
@@ -88,7 +88,9 @@ class JointThreshold:
     def step(self, tokens: torch.Tensor, logits: torch.Tensor, frozen: torch.Tensor, mask_id: int) -> StepUpdate:
         """One block: tokens [N], logits [N, V], frozen [N] bool (prompt positions)."""
         ids = torch.tensor([mask_id], device=tokens.device)
-        rows = joint_threshold(tokens[None], logits[None], frozen[None], ids, [self.threshold], [self.editing_threshold])
+        rows = joint_threshold(
+            tokens[None], logits[None], frozen[None], ids, [self.threshold], [self.editing_threshold]
+        )
         return StepUpdate(rows.tokens[0], rows.filled[0], rows.edited[0])
 
 

@@ -106,8 +106,10 @@ class Scheduler:
             raise Busy(f"the engine is busy: {len(self.waiting)} requests are already waiting")
         seq = Sequence(settings, self.block_size, self.use_cache)
         if seq.n_blocks > self.cache.pages - 1:
-            raise TooLong(f"a sequence of {seq.n_blocks} blocks of {self.block_size} tokens does not fit the K/V "
-                          f"memory ({self.cache.pages - 1} blocks); start the engine with a larger --cache-mb")
+            raise TooLong(
+                f"a sequence of {seq.n_blocks} blocks of {self.block_size} tokens does not fit the K/V "
+                f"memory ({self.cache.pages - 1} blocks); start the engine with a larger --cache-mb"
+            )
         entry = _Entry(next(self._ids), seq, next(self._order), [], [], set())
         bisect.insort(self.waiting, entry, key=lambda e: (e.seq.settings.priority, e.order))
         return entry.id
@@ -237,15 +239,17 @@ class Scheduler:
         if self.cuda_graph:  # static shapes: a graph per (batch bucket, width, key bucket)
             B, S = bucket(B), key_bucket(-(-S // bs)) * bs
         seqs = [entry.seq for entry in rows]
-        visible = B == len(rows) and all_visible([(e.pages, a, b) for e, (a, b) in zip(rows, spans)], width, bs)
+        visible = len(rows) == B and all_visible([(e.pages, a, b) for e, (a, b) in zip(rows, spans)], width, bs)
         constrained = self.cuda_graph or any(seq.allowed_row is not None for seq in seqs)
         ints, limits, allowed = self.inputs.fill(rows, spans, width, S, B, constrained)
         if self.cuda_graph:
             packed = self._graphed(ints, limits, allowed, width, S, visible)
         else:  # flash-attn's varlen kernel where it runs and no row needs a mask (shapes follow the rows' ends)
             varlen = None
-            if llada2.flash_available(self.model.device, self.model.dtype) and not self.model.hops and all(
-                start // bs == (hi - 1) // bs for start, hi in spans
+            if (
+                llada2.flash_available(self.model.device, self.model.dtype)
+                and not self.model.hops
+                and all(start // bs == (hi - 1) // bs for start, hi in spans)
             ):
                 varlen = Packed.of([(e.pages, a, b) for e, (a, b) in zip(rows, spans)], width, bs, self.model.device)
             packed = self._device_step(ints, limits, allowed, width, S, visible, varlen)

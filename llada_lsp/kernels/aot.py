@@ -76,8 +76,10 @@ def moe_launches(C: int, I: int, E: int, A: int, N: int, x_dtype: torch.dtype, w
     t = -(-I // SCALE_BLOCK), -(-C // SCALE_BLOCK)
     sg, su, sd = (meta(E, *t), meta(E, *t), meta(E, t[1], t[0])) if scaled else (wg,) * 3
     precision = dot_precision(x_dtype)
-    return [gate_up_launch(x, wg, wu, sg, su, h, slot_pair, tile_expert, A, scaled, tiles, precision),
-            down_launch(h, wd, sd, meta(N * A), meta(N * A, C), slot_pair, tile_expert, scaled, tiles, precision)]
+    return [
+        gate_up_launch(x, wg, wu, sg, su, h, slot_pair, tile_expert, A, scaled, tiles, precision),
+        down_launch(h, wd, sd, meta(N * A), meta(N * A, C), slot_pair, tile_expert, scaled, tiles, precision),
+    ]
 
 
 def step_launches(B: int, N: int, V: int, dtype: torch.dtype) -> list[Launch]:
@@ -196,8 +198,10 @@ def main(argv=None) -> int:
         usage = f"{v.registers} regs, {v.spill_bytes} B spilled" if v.ok else v.error
         print(f"sm_{v.target} {v.kernel:28s} {state:24s} {usage:40s} {v.case}")
     bad = [v for v in variants if v.failed]
-    print(f"aot: {len(variants)} variants, {sum(v.ok for v in variants)} compiled, {len(bad)} supported ones "
-          f"failed or spilled; most registers {max((v.registers or 0) for v in variants)} of {REGISTER_CAP}")
+    print(
+        f"aot: {len(variants)} variants, {sum(v.ok for v in variants)} compiled, {len(bad)} supported ones "
+        f"failed or spilled; most registers {max((v.registers or 0) for v in variants)} of {REGISTER_CAP}"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(v) for v in variants], f, indent=1)

@@ -18,10 +18,10 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
-    from .config import LLaDA2Config
-    from .llada2 import LLaDA2, BlockKVCache, block_causal_mask
     from ..errors import CheckpointError
+    from .config import LLaDA2Config
     from .files import EMBEDDED_MODEL
+    from .llada2 import BlockKVCache, LLaDA2, block_causal_mask
     from .loader import load_model, load_tokenizer, save_model
 
 

@@ -11,7 +11,6 @@ from transformers import AutoConfig, PretrainedConfig
 # The size check lives in the torch-free files.py (`llada-lsp plan` runs it too); re-exported here.
 from .files import MAY_BE_ZERO, SIZE_KEYS, check_sizes  # noqa: F401
 
-
 # Keys this network does not read but inclusionAI's reference and SGLang's LLaDA2MoeModelLM do, with the
 # values of the released checkpoints: every config.json the project writes carries them. SGLang picks
 # its model class by `architectures`, rejects a `hidden_act` other than silu when it is missing, builds
@@ -122,7 +121,9 @@ class LLaDA2Config(PretrainedConfig):
         if self.num_experts_per_tok > self.num_experts:
             raise ValueError(f"num_experts_per_tok: {self.num_experts_per_tok} > num_experts {self.num_experts}")
         if self.unsupported_rope_scaling:
-            raise ValueError(f"rope_scaling: {self.unsupported_rope_scaling!r} is not supported (LLaDA2 uses plain RoPE)")
+            raise ValueError(
+                f"rope_scaling: {self.unsupported_rope_scaling!r} is not supported (LLaDA2 uses plain RoPE)"
+            )
         if self.use_bias or self.use_qkv_bias:
             raise ValueError("use_bias/use_qkv_bias: LLaDA2 has no biases; checkpoints with biases are not supported")
         if self.tie_word_embeddings:

@@ -56,7 +56,7 @@ class BlockKVCache:
     def max_len(self) -> int:
         return self.k.shape[3]
 
-    def at(self, start: int, length: int) -> "ContiguousView":
+    def at(self, start: int, length: int) -> ContiguousView:
         return ContiguousView(self, start, length)
 
 

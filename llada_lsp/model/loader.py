@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 import torch
-from torch import nn
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch import nn
 from transformers import AutoConfig
 
 from ..errors import CheckpointError, DoesNotFit, LoadAbandoned

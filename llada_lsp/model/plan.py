@@ -67,7 +67,7 @@ class ModelShape:
     tie_word_embeddings: bool
 
     @classmethod
-    def from_config(cls, raw: dict, source: str) -> "ModelShape":
+    def from_config(cls, raw: dict, source: str) -> ModelShape:
         missing = [key for key in REQUIRED_KEYS if key not in raw]
         if missing:
             raise CheckpointError(f"{source}: {missing[0]} missing ({len(missing)} size keys missing)")
@@ -261,7 +261,7 @@ def place(costs: list[int], n_devices: int) -> list[range]:
 
 
 def parse_bytes(text: str) -> int:
-    """"141GB" (decimal, 1e9), "80GiB" (2**30), "512MB", a plain number of bytes."""
+    """ "141GB" (decimal, 1e9), "80GiB" (2**30), "512MB", a plain number of bytes."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     if not m or m[2].lower() not in UNITS:
         raise ValueError(f"{text!r} is not a size like 141GB, 80GiB or 512MB")
@@ -417,6 +417,7 @@ def render(plan: Plan) -> str:
             text_row("memory", lambda d: fmt_bytes(d.memory)),
             text_row("fits", lambda d: fits[d.fits])]  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+
     def line(cells: list[str]) -> str:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 

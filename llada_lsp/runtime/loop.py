@@ -7,7 +7,8 @@ Standard library (and uvloop) only.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 
 def run(coroutine: Coroutine[Any, Any, Any]) -> Any:

@@ -24,8 +24,9 @@ import queue
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from typing import Any, Callable
+from typing import Any
 
 from ..completion.generation import LoadedModel, ModelSpec
 from ..completion.pipeline import Plan

@@ -22,7 +22,7 @@ _CONVERTER = default_converter()  # stateless: the edit, as plain JSON, for a co
 
 
 def code_action(ls: LladaServer, params: types.CodeActionParams) -> list[types.CodeAction]:
-    """"Rewrite selection (LLaDA)" for a non-empty range of an open document, as the command
+    """ "Rewrite selection (LLaDA)" for a non-empty range of an open document, as the command
     llada.rewriteSelection with the document's version now: a client runs it as it runs any command."""
     doc = ls.documents.get(params.text_document.uri)
     kind = types.CodeActionKind.RefactorRewrite

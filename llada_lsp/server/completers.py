@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .. import wire
 from ..address import parse_address
@@ -93,7 +94,7 @@ class RemoteCompleter:
                  f"is not responding (nothing from it for {self.SILENCE_SECONDS:.0f} s)"))  # fmt: skip
 
     @classmethod
-    async def connect(cls, address: str | None, token: str | None, log: Callable[[str], None]) -> "RemoteCompleter":
+    async def connect(cls, address: str | None, token: str | None, log: Callable[[str], None]) -> RemoteCompleter:
         """Raises EngineFailure when nothing answers or the service refuses the hello."""
         client = await EngineClient.connect(address, "llada-lsp", token, silence=cls.SILENCE_SECONDS)
         return cls(client, address, token, log)

@@ -16,12 +16,12 @@ from pygls.protocol import default_converter
 
 from ..completion.jobs import Rewrite
 from ..completion.syntax import is_python
+from . import next_edit
 from .actions import REWRITE, apply_rewrite, code_action, not_applied
 from .completers import LocalCompleter
-from . import next_edit
 from .main import Launch, LladaServer
-from .settings import settings_section
 from .protocol import REQUEST_FAILED, why
+from .settings import settings_section
 
 STATUS = "llada.status"
 _CONVERTER = default_converter()  # stateless: structures command arguments
@@ -131,7 +131,7 @@ class RewriteArgument:
     instruction: str | None
 
     @classmethod
-    def parse(cls, arguments: Any) -> "RewriteArgument":
+    def parse(cls, arguments: Any) -> RewriteArgument:
         usage = f"{REWRITE} takes one argument {{textDocument: {{uri, version}}, range, instruction?}}"
         if not isinstance(arguments, (list, tuple)) or len(arguments) != 1 or not isinstance(arguments[0], dict):
             raise JsonRpcInvalidParams(usage)
@@ -165,7 +165,12 @@ async def rewrite_selection(ls: LladaServer, params: types.ExecuteCommandParams)
         outcome = await ls.run_job(f"rewrite:{arg.uri}", f"rewrite {ls.protocol.msg_id}", job, progress.step)
     if outcome.stopped in ("unchanged", "refused"):  # nothing to apply: the client is told why
         ls.log(f"rewrite of {arg.uri} not applied: {outcome.reason}", types.MessageType.Info)
-        return {"applied": False, "changed": outcome.stopped != "unchanged", "text": outcome.text, "reason": outcome.reason}
+        return {
+            "applied": False,
+            "changed": outcome.stopped != "unchanged",
+            "text": outcome.text,
+            "reason": outcome.reason,
+        }
     return await apply_rewrite(ls, arg.uri, arg.version, target, outcome.text)
 
 
@@ -175,7 +180,7 @@ class WorkDone:
     def __init__(self, ls: LladaServer, token, title: str):
         self.ls, self.token, self.title = ls, token, title
 
-    def __enter__(self) -> "WorkDone":
+    def __enter__(self) -> WorkDone:
         if self.token is not None:
             self.ls.work_done_progress.begin(self.token, types.WorkDoneProgressBegin(title=self.title))
         return self
@@ -208,7 +213,7 @@ def exit_(ls: LladaServer, params: None) -> None:
 
 
 async def code_actions(ls: LladaServer, params: types.CodeActionParams) -> list[types.CodeAction]:
-    """"Rewrite selection (LLaDA)" for a non-empty range, and "Apply suggested edit" where a next edit
+    """ "Rewrite selection (LLaDA)" for a non-empty range, and "Apply suggested edit" where a next edit
     is suggested at the cursor: one handler, as the LSP has one method for both."""
     return code_action(ls, params) + await next_edit.code_actions(ls, params)
 

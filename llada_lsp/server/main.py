@@ -15,8 +15,9 @@ import stat
 import sys
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from lsprotocol import types
 from pygls.exceptions import FeatureRequestError, JsonRpcException, JsonRpcInvalidParams
@@ -25,9 +26,9 @@ from pygls.lsp.server import LanguageServer
 from pygls.protocol import default_converter
 
 from .. import __version__
+from ..backends import native
 from ..completion.generation import ModelSpec
 from ..completion.jobs import Infill, Job, Outcome
-from ..backends import native
 from ..runtime.loop import run as run_loop
 from ..runtime.worker import Ticket
 from ..service.client import EngineFailure
@@ -172,7 +173,7 @@ class LladaServer(LanguageServer):
 
     @property
     def engine_choice(self) -> str:
-        """"local", "auto" or a service's address: the setting, else the command line's --engine."""
+        """ "local", "auto" or a service's address: the setting, else the command line's --engine."""
         return self.settings.engine or self.launch.engine
 
     async def start_engine(self) -> None:
@@ -196,7 +197,9 @@ class LladaServer(LanguageServer):
                 logger.info("using the engine service at %s (model %s)", self.completer.address,
                             self.completer.status()["model"])  # fmt: skip
                 if self.settings.model:
-                    self.tell("the model is the engine service's; the model setting is ignored", types.MessageType.Warning)
+                    self.tell(
+                        "the model is the engine service's; the model setting is ignored", types.MessageType.Warning
+                    )
                 return
         self.completer = LocalCompleter(native.start(asyncio.get_running_loop(), self.log))
         self.start_load()

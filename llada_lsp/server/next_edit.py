@@ -121,7 +121,7 @@ async def copilot_inline_edit(ls: LladaServer, params: Any) -> dict[str, Any]:
 
 
 async def code_actions(ls: LladaServer, params: types.CodeActionParams) -> list[types.CodeAction]:
-    """"Apply suggested edit" when a suggestion exists at the start of the range (the cursor), as a
+    """ "Apply suggested edit" when a suggestion exists at the start of the range (the cursor), as a
     versioned edit: a client that applies it after typing on has it refused. Clients ask for code
     actions on every cursor move (trigger kind Automatic): those get the suggestion already made for
     this version, if any; only an explicit request (Invoked, or a client that does not say) runs the model."""

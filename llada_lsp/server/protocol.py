@@ -39,13 +39,14 @@ class MalformedRequest:
     reason: str
     jsonrpc: str = "2.0"
 
+
 class LladaProtocol(LanguageServerProtocol):
     """pygls' protocol with its gaps closed: malformed requests, requests before initialize and after
     shutdown are answered; internal errors reach the client as one line (the traceback goes to the
     log); documents are kept by `Documents` (edits through the one position conversion); UTF-8 is
     chosen when the client offers it; commands receive their whole ExecuteCommandParams."""
 
-    _server: "LladaServer"
+    _server: LladaServer
     _initialize_seen = False
 
     def structure_message(self, data: dict[str, Any]):
@@ -166,10 +167,12 @@ class LladaProtocol(LanguageServerProtocol):
             raise JsonRpcInvalidParams(f"unknown command {params.command!r}")
         return (yield handler, (params,), None)
 
+
 def why(error: BaseException | None) -> str:
     if isinstance(error, cattrs.BaseValidationError):
         return "; ".join(cattrs.transform_error(error))
     return str(error or "")
+
 
 def exit_now(code: int) -> NoReturn:
     """Ends the process at once, the log flushed, without the interpreter's teardown (which, under a

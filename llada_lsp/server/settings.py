@@ -9,8 +9,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..completion.jobs import CONTEXT_TOKENS, MAX_TOKENS
 from ..address import parse_address
+from ..completion.jobs import CONTEXT_TOKENS, MAX_TOKENS
 
 MODES = ("speed", "quality")
 _DEFAULT = object()  # a value that asks for the default (`"model": null`: the server's default model)

@@ -148,7 +148,7 @@ class TcpListener:
         """Reads the first line, nothing more, and compares it with the token in constant time."""
         try:
             line = await asyncio.wait_for(reader.readuntil(b"\n"), TOKEN_SECONDS)
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
             line = b""
         if hmac.compare_digest(line.strip(), self.token):
             return True
@@ -164,7 +164,7 @@ class TcpListener:
             self._ended.clear()
             try:
                 await asyncio.wait_for(self._ended.wait(), max(0.0, deadline - asyncio.get_running_loop().time()))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return False
         self._in_session = True
         return True
@@ -199,7 +199,7 @@ async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
             if not chunk:
                 return
             discarded += len(chunk)
-    except (asyncio.TimeoutError, ConnectionError):
+    except (TimeoutError, ConnectionError):
         pass
 
 
@@ -210,7 +210,7 @@ async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, te
     try:
         frame = await asyncio.wait_for(FrameReader(reader).next(), TOKEN_SECONDS)
         message = json.loads(frame.body) if frame is not None and frame.body is not None else None
-    except (asyncio.TimeoutError, ConnectionError, ValueError):
+    except (TimeoutError, ConnectionError, ValueError):
         return
     if isinstance(message, dict) and "method" in message and "id" in message:
         error = {"code": REQUEST_FAILED, "message": f"llada: {text}", "data": {"retry": False}}

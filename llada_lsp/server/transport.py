@@ -11,8 +11,9 @@ import json
 import logging
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from lsprotocol.types import ErrorCodes
 from pygls.exceptions import JsonRpcException

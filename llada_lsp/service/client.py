@@ -12,7 +12,8 @@ import itertools
 import logging
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .. import wire
 from ..address import Address, parse_address

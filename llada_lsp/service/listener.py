@@ -14,9 +14,9 @@ import logging
 import os
 import socket
 import stat
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Awaitable, Callable
 
 from ..address import Address, private_folder
 

@@ -28,9 +28,9 @@ import select
 import socket
 import struct
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Sequence
 
 from .. import wire
 from ..backends.base import Backend
@@ -168,6 +168,7 @@ class EngineService:
             return
         wait = session.pushed_at + STATUS_INTERVAL - time.monotonic()
         if wait > 0 or session.backlogged():  # a peer that is not reading gets the latest once it reads
+
             def later() -> None:
                 session.push_later = None
                 self._push(session)
@@ -368,8 +369,11 @@ def _answer_of(request_id: int, future: Future) -> wire.Message:
     error = future.exception()
     if error is None:
         return done_of(request_id, future.result())
-    kind = error.kind if isinstance(error, BackendFailure) else next(
-        (kind for cls, kind in FAILURES if isinstance(error, cls)), "internal")
+    kind = (
+        error.kind
+        if isinstance(error, BackendFailure)
+        else next((kind for cls, kind in FAILURES if isinstance(error, cls)), "internal")
+    )
     return wire.Failed(request_id, kind, printable(str(error), 4 * TEXT_MAX) or type(error).__name__)
 
 

@@ -134,37 +134,55 @@ def summarize(out: Path, results: list[dict], candidate: Path) -> dict:
             one, two = by[("v1", split, mode)]["scores"], by[("v2", split, mode)]["scores"]
             for kind in one:
                 a, b = one[kind], two[kind]
-                lines.append(f"| {split} | {kind} | {mode} | {a['first_line_em']:.1%} | {b['first_line_em']:.1%} "
-                             f"| {a['syntax_ok']:.1%} | {b['syntax_ok']:.1%} | {a['tpf']:.2f} | {b['tpf']:.2f} |")
+                lines.append(
+                    f"| {split} | {kind} | {mode} | {a['first_line_em']:.1%} | {b['first_line_em']:.1%} "
+                    f"| {a['syntax_ok']:.1%} | {b['syntax_ok']:.1%} | {a['tpf']:.2f} | {b['tpf']:.2f} |"
+                )
     pairs = {}
     for split in splits:
         u = by[("v1", split, "speed")]["unit"]
         tasks = list(split_tasks(u["tasks_file"], u["n"], u["n_other"], u["seed"]))
-        only_v2, only_v1, p = paired(tasks, by[("v2", split, "speed")]["answers"], by[("v1", split, "speed")]["answers"])
+        only_v2, only_v1, p = paired(
+            tasks, by[("v2", split, "speed")]["answers"], by[("v1", split, "speed")]["answers"]
+        )
         pairs[split] = {"tasks": len(tasks), "only_v2": only_v2, "only_v1": only_v1, "p": p}
     only_v2, only_v1 = (sum(s[k] for s in pairs.values()) for k in ("only_v2", "only_v1"))
-    pooled = {"tasks": sum(s["tasks"] for s in pairs.values()), "only_v2": only_v2, "only_v1": only_v1,
-              "p": sign_test(only_v2, only_v1)}
+    pooled = {
+        "tasks": sum(s["tasks"] for s in pairs.values()),
+        "only_v2": only_v2,
+        "only_v1": only_v1,
+        "p": sign_test(only_v2, only_v1),
+    }
     weight_bytes = (candidate / "model.safetensors").stat().st_size
     reasons = []
     if not (only_v2 > only_v1 and pooled["p"] < ALPHA):
-        reasons.append(f"not significantly better on held-out tasks (right only in v2 {only_v2}, only in v1 "
-                       f"{only_v1}, p = {pooled['p']:.3g})")
+        reasons.append(
+            f"not significantly better on held-out tasks (right only in v2 {only_v2}, only in v1 "
+            f"{only_v1}, p = {pooled['p']:.3g})"
+        )
     if "stdlib" in pairs and pairs["stdlib"]["only_v2"] < pairs["stdlib"]["only_v1"]:
-        reasons.append(f"fewer right on the standard library ({pairs['stdlib']['only_v2']} vs {pairs['stdlib']['only_v1']})")
+        reasons.append(
+            f"fewer right on the standard library ({pairs['stdlib']['only_v2']} vs {pairs['stdlib']['only_v1']})"
+        )
     if weight_bytes > MAX_WEIGHT_BYTES:
         reasons.append(f"weights of {weight_bytes / 1e6:.1f} MB exceed {MAX_WEIGHT_BYTES / 1e6:.0f} MB")
     ships = not reasons
     lines.append("")
     for split, s in pairs.items():
-        lines.append(f"speed, {split}: first line right only in v2 {s['only_v2']}, only in v1 {s['only_v1']} "
-                     f"of {s['tasks']} tasks (sign test p = {s['p']:.3g})")
-    lines.append(f"speed, all held-out: only in v2 {only_v2}, only in v1 {only_v1} of {pooled['tasks']} tasks "
-                 f"(p = {pooled['p']:.3g})")
+        lines.append(
+            f"speed, {split}: first line right only in v2 {s['only_v2']}, only in v1 {s['only_v1']} "
+            f"of {s['tasks']} tasks (sign test p = {s['p']:.3g})"
+        )
+    lines.append(
+        f"speed, all held-out: only in v2 {only_v2}, only in v1 {only_v1} of {pooled['tasks']} tasks "
+        f"(p = {pooled['p']:.3g})"
+    )
     lines.append(f"v2 ships: {'yes' if ships else 'no'}" + ("" if ships else " - " + "; ".join(reasons)))
     if ships:
-        lines.append(f"to ship: copy {candidate}/{{config.json,model.safetensors,tokenizer.json,tokenizer_config.json}} "
-                     "into llada_lsp/data/tiny/")
+        lines.append(
+            f"to ship: copy {candidate}/{{config.json,model.safetensors,tokenizer.json,tokenizer_config.json}} "
+            "into llada_lsp/data/tiny/"
+        )
     summary = {"ships": ships, "reasons": reasons, "pairs": pairs, "pooled": pooled, "weight_bytes": weight_bytes,
                "trained_seconds": trained_seconds(out),
                "scores": {f"{m}/{s}/{mode}": r["scores"] for (m, s, mode), r in by.items()}}  # fmt: skip

@@ -38,7 +38,11 @@ SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "lib2to3/tests/dat
 MAX_FILE_BYTES = 400_000
 MANIFEST = Path(__file__).with_name("corpus_manifest.json")
 DEFAULT_CACHE = Path(".corpus")  # relative to where the command runs (the repository root); gitignored
-SPLIT_FILES = {"train": "train.jsonl.gz", "heldout": "heldout.jsonl.gz", "heldout-thirdparty": "heldout-thirdparty.jsonl.gz"}
+SPLIT_FILES = {
+    "train": "train.jsonl.gz",
+    "heldout": "heldout.jsonl.gz",
+    "heldout-thirdparty": "heldout-thirdparty.jsonl.gz",
+}
 
 # Licence families accepted, and how each is recognised: in an SPDX expression, a trove classifier, the
 # free-text License field, and the licence file's own words (which must agree with the metadata).
@@ -155,7 +159,9 @@ def licence_of_metadata(pkg_info: str) -> tuple[str, set[str]]:
         if " AND " in expression and not all(found):
             return expression, set()
         return expression, set().union(*found)
-    classifiers = [c.rsplit("::", 1)[-1].strip() for c in meta.get_all("Classifier") or [] if c.startswith("License ::")]
+    classifiers = [
+        c.rsplit("::", 1)[-1].strip() for c in meta.get_all("Classifier") or [] if c.startswith("License ::")
+    ]
     families = {fam for c in classifiers for fam, pats in LICENCES.items() if _matches(pats[1], c)}
     if classifiers:
         return " / ".join(classifiers), families
@@ -188,13 +194,17 @@ def read_sdist(sdist: Path, name: str, max_bytes: int = MAX_FILE_BYTES,
     stated, families = licence_of_metadata(pkg_info)
     if not licence_files:
         raise CorpusError(f"{sdist.name}: no licence file (LICENSE*, COPYING*): refused")
-    by_file = {rel: licence_of_file(text) for rel, text in sorted(licence_files.items(), key=lambda kv: kv[0].count("/"))}
+    by_file = {
+        rel: licence_of_file(text) for rel, text in sorted(licence_files.items(), key=lambda kv: kv[0].count("/"))
+    }
     if not stated:  # no licence in the metadata: the top-level licence file decides
         stated, families = "(from the licence file)", next(iter(by_file.values()))
     agreeing = [(rel, fams & families) for rel, fams in by_file.items() if fams & families]
     if not agreeing:
-        raise CorpusError(f"{sdist.name}: licence {stated!r} is not one of {', '.join(LICENCES)} "
-                          "(or no licence file says so): refused")
+        raise CorpusError(
+            f"{sdist.name}: licence {stated!r} is not one of {', '.join(LICENCES)} "
+            "(or no licence file says so): refused"
+        )
     licence_file, family = agreeing[0][0], min(agreeing[0][1])
     version = email.parser.Parser().parsestr(pkg_info).get("Version", "")
     files, refused = [], 0
@@ -211,8 +221,17 @@ def read_sdist(sdist: Path, name: str, max_bytes: int = MAX_FILE_BYTES,
             refused += 1
             continue
         files.append(SourceFile(f"pypi/{name}/{rel}", text))
-    package = Package(name, version, stated, family, licence_file, sdist.name, sha256 or sha256_of(sdist), len(files),
-                      sum(len(f.text.encode()) for f in files))
+    package = Package(
+        name,
+        version,
+        stated,
+        family,
+        licence_file,
+        sdist.name,
+        sha256 or sha256_of(sdist),
+        len(files),
+        sum(len(f.text.encode()) for f in files),
+    )
     return package, files, refused
 
 
@@ -262,15 +281,21 @@ def fetch(package: Package, cache: Path, download: Downloader | None = pip_downl
         return path, False
     if download is None:
         state = "is damaged (its sha256 differs)" if path.is_file() else "is not"
-        raise CorpusError(f"{package.sdist} {state} in {folder} (offline: put it there by hand, sha256 {package.sha256})")
+        raise CorpusError(
+            f"{package.sdist} {state} in {folder} (offline: put it there by hand, sha256 {package.sha256})"
+        )
     with tempfile.TemporaryDirectory(dir=folder, prefix=".partial-") as tmp:
         try:
             got = download(package.name, package.version, Path(tmp))
         except CorpusError as e:
-            raise CorpusError(f"{e}; offline? put {package.sdist} (sha256 {package.sha256}) in {folder} and run "
-                              "again, or check the network") from None
+            raise CorpusError(
+                f"{e}; offline? put {package.sdist} (sha256 {package.sha256}) in {folder} and run "
+                "again, or check the network"
+            ) from None
         if got.name != package.sdist:
-            raise CorpusError(f"{package.name}=={package.version}: pip saved {got.name}, the manifest says {package.sdist}")
+            raise CorpusError(
+                f"{package.name}=={package.version}: pip saved {got.name}, the manifest says {package.sdist}"
+            )
         if (digest := sha256_of(got)) != package.sha256:
             raise CorpusError(f"{package.sdist}: sha256 {digest}, the manifest says {package.sha256}: refused")
         got.replace(path)  # in place only once verified: an interrupted run leaves no half file behind
@@ -284,8 +309,10 @@ def package_files(package: Package, sdist: Path) -> list[SourceFile]:
     if read.license_family != package.license_family:
         raise CorpusError(f"{package.sdist}: licence read as {read.license!r}, the manifest says {package.license!r}")
     if (read.files, read.bytes) != (package.files, package.bytes):
-        raise CorpusError(f"{package.sdist}: {read.files} files / {read.bytes} bytes kept, the manifest says "
-                          f"{package.files} / {package.bytes} (the filter changed? re-run `corpus add`)")
+        raise CorpusError(
+            f"{package.sdist}: {read.files} files / {read.bytes} bytes kept, the manifest says "
+            f"{package.files} / {package.bytes} (the filter changed? re-run `corpus add`)"
+        )
     return files
 
 
@@ -324,8 +351,10 @@ def build(cache: Path, manifest: Path = MANIFEST, download: Downloader | None = 
         sdist, downloaded = fetch(package, cache, download)
         files = package_files(package, sdist)
         third_party += files
-        log(f"[{i}/{len(packages)}] {package.name} {package.version} ({package.license_family}): "
-            f"{'downloaded' if downloaded else 'cached'}, {len(files)} files, {package.bytes / 1e6:.2f} MB")
+        log(
+            f"[{i}/{len(packages)}] {package.name} {package.version} ({package.license_family}): "
+            f"{'downloaded' if downloaded else 'cached'}, {len(files)} files, {package.bytes / 1e6:.2f} MB"
+        )
     splits = {
         "train": iter_files("train", stdlib) + [f for f in third_party if not is_held_out(f.path)],
         "heldout": iter_files("heldout", stdlib),
@@ -352,16 +381,20 @@ def add(specs: list[str], cache: Path, manifest: Path = MANIFEST, download: Down
             package, _, refused = read_sdist(got, name)
             got.replace(folder / got.name)
         entries[name.lower()] = package
-        log(f"{name} {version}: {package.license} ({package.license_family}, {package.license_file}), "
-            f"{package.files} files, {package.bytes / 1e6:.2f} MB" + (f", {refused} refused" if refused else ""))
+        log(
+            f"{name} {version}: {package.license} ({package.license_family}, {package.license_file}), "
+            f"{package.files} files, {package.bytes / 1e6:.2f} MB" + (f", {refused} refused" if refused else "")
+        )
     save_manifest(list(entries.values()), manifest)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["train"], ["heldout"]):  # v1's form: one split of the standard library alone
-        ap = argparse.ArgumentParser(prog="python -m llada_lsp.training.corpus SPLIT",
-                                     description="Write one split of this interpreter's stdlib as a corpus file.")
+        ap = argparse.ArgumentParser(
+            prog="python -m llada_lsp.training.corpus SPLIT",
+            description="Write one split of this interpreter's stdlib as a corpus file.",
+        )
         ap.add_argument("split", choices=("train", "heldout"))
         ap.add_argument("out", type=Path, help="output file (.jsonl.gz)")
         args = ap.parse_args(argv)
@@ -372,14 +405,24 @@ def main(argv: list[str] | None = None) -> int:
         description="Rebuild the training corpus (this interpreter's stdlib and the manifest's third-party sdists) "
                     "into CACHE: train.jsonl.gz, heldout.jsonl.gz, heldout-thirdparty.jsonl.gz. "
                     "`... corpus train|heldout FILE` writes one stdlib split alone.")  # fmt: skip
-    ap.add_argument("command", nargs="?", choices=("build", "add"), default="build",
-                    help="build (default): fetch, verify and write the corpus; add: record NAME==VERSION in the manifest")
+    ap.add_argument(
+        "command",
+        nargs="?",
+        choices=("build", "add"),
+        default="build",
+        help="build (default): fetch, verify and write the corpus; add: record NAME==VERSION in the manifest",
+    )
     ap.add_argument("packages", nargs="*", help="for add: NAME==VERSION ...")
-    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
-                    help="where sdists and the corpus files go (default: %(default)s)")
+    ap.add_argument(
+        "--cache", type=Path, default=DEFAULT_CACHE, help="where sdists and the corpus files go (default: %(default)s)"
+    )
     ap.add_argument("--manifest", type=Path, default=MANIFEST, help="default: the one shipped in the package")
-    ap.add_argument("--offline", action="store_true", help="never download: every sdist must already be in CACHE/sdists")
-    ap.add_argument("--stdlib", type=Path, default=None, help="the standard library's folder (default: this interpreter's)")
+    ap.add_argument(
+        "--offline", action="store_true", help="never download: every sdist must already be in CACHE/sdists"
+    )
+    ap.add_argument(
+        "--stdlib", type=Path, default=None, help="the standard library's folder (default: this interpreter's)"
+    )
     args = ap.parse_args(argv)
     try:
         if args.command == "add":

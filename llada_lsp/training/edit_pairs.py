@@ -63,8 +63,14 @@ class FileChange:
 
 
 def _git(git_dir: str | Path, *args: str) -> str:
-    return subprocess.run(["git", "--git-dir", str(git_dir), *args], check=True, capture_output=True,
-                          text=True, encoding="utf-8", errors="surrogateescape").stdout
+    return subprocess.run(
+        ["git", "--git-dir", str(git_dir), *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="surrogateescape",
+    ).stdout
 
 
 def python_commits(git_dir: str | Path, rev: str = "HEAD") -> list[str]:
@@ -97,8 +103,9 @@ def file_changes(git_dir: str | Path, repo: str, commit: str) -> list[FileChange
 
 
 def _show(git_dir, rev: str, path: str) -> str | None:
-    data = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{rev}:{path}"], check=True,
-                          capture_output=True).stdout
+    data = subprocess.run(
+        ["git", "--git-dir", str(git_dir), "show", f"{rev}:{path}"], check=True, capture_output=True
+    ).stdout
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -122,7 +129,7 @@ def hunks(before: str, after: str) -> list[Hunk]:
         old, new = "".join(a[i1:i2]), "".join(b[j1:j2])
         p = common_prefix(old, new)
         s = common_suffix(old[p:], new[p:])
-        out.append(Hunk(starts[i1] + p, starts[i2] - s, new[p:len(new) - s]))
+        out.append(Hunk(starts[i1] + p, starts[i2] - s, new[p : len(new) - s]))
     return out
 
 
@@ -146,7 +153,7 @@ def common_suffix(x: str, y: str) -> int:
 
 def usable(before: str, hunk: Hunk) -> bool:
     """Small, and not only whitespace: a hunk a person makes as one edit."""
-    old = before[hunk.start:hunk.end]
+    old = before[hunk.start : hunk.end]
     if max(len(old), len(hunk.text)) > MAX_HUNK_CHARS:
         return False
     if max(old.count("\n"), hunk.text.count("\n")) > MAX_HUNK_LINES:
@@ -159,7 +166,7 @@ def apply(text: str, edits: Iterable[dict]) -> str:
     for e in edits:
         if not 0 <= e["start"] <= e["end"] <= len(text):
             raise ValueError(f"edit {e['start']}..{e['end']} outside a text of {len(text)} characters")
-        text = text[:e["start"]] + e["text"] + text[e["end"]:]
+        text = text[: e["start"]] + e["text"] + text[e["end"] :]
     return text
 
 
@@ -192,8 +199,16 @@ def cut_cases(change: FileChange, licence: str, rng: random.Random) -> list[dict
         order = list(range(len(hs)))
         rng.shuffle(order)
         history, current = _replay(change.before, hs, order)
-        return [{**base, "kind": "no-edit", "before": change.before, "history": history,
-                 "cursor": _cursor(history), "expected": None}]
+        return [
+            {
+                **base,
+                "kind": "no-edit",
+                "before": change.before,
+                "history": history,
+                "cursor": _cursor(history),
+                "expected": None,
+            }
+        ]
     if len(hs) == 1 or roll < NO_EDIT_SHARE + COMPLETE_SHARE * (1 - NO_EDIT_SHARE):  # select() rebalances
         return _complete_case(change, hs, base, rng)
     order = list(range(len(hs)))
@@ -209,9 +224,8 @@ def cut_cases(change: FileChange, licence: str, rng: random.Random) -> list[dict
     if first - cursor_line > NEAR_LINES or cursor_line - last > NEAR_LINES:
         return []
     kind = "at" if first <= cursor_line <= last else ("below" if first > cursor_line else "above")
-    expected = current[:near.start] + near.text + current[near.end:]
-    return [{**base, "kind": kind, "before": change.before, "history": history, "cursor": cursor,
-             "expected": expected}]
+    expected = current[: near.start] + near.text + current[near.end :]
+    return [{**base, "kind": kind, "before": change.before, "history": history, "cursor": cursor, "expected": expected}]
 
 
 def _complete_case(change: FileChange, hs: list[Hunk], base: dict, rng: random.Random) -> list[dict]:
@@ -230,8 +244,9 @@ def _complete_case(change: FileChange, hs: list[Hunk], base: dict, rng: random.R
     current = apply(current, [partial])
     at = shifted.start + cut
     expected = current[:at] + h.text[cut:] + current[at:]
-    return [{**base, "kind": "complete", "before": change.before, "history": history, "cursor": at,
-             "expected": expected}]
+    return [
+        {**base, "kind": "complete", "before": change.before, "history": history, "cursor": at, "expected": expected}
+    ]
 
 
 def _shift(hs: list[Hunk], applied: list[int]) -> list[Hunk]:
@@ -305,10 +320,10 @@ def select(cases: list[dict], n: int, seed: int, per_commit: int = 1) -> list[di
                 pool.append(c)
         want = -(-n // len(by_repo))
         group = {k: [c for c in pool if _group(c) == k] for k in SHARES}
-        keep = [c for k, share in SHARES.items() for c in group[k][:round(want * share)]]
+        keep = [c for k, share in SHARES.items() for c in group[k][: round(want * share)]]
         kept = {id(c) for c in keep}
         rest = [c for c in pool if id(c) not in kept]
-        out.extend(keep + rest[:max(0, want - len(keep))])
+        out.extend(keep + rest[: max(0, want - len(keep))])
     return sorted(out, key=lambda c: (c["repo"], c["commit"], c["path"]))
 
 

@@ -33,8 +33,9 @@ class EditExample:
     target: list[int]  # the revised window's ids, then end-of-text to the generated region's length
 
 
-def served_example(case: dict, codec: TextCodec, max_positions: int, context_tokens: int,
-                   history: bool = True) -> EditExample | None:
+def served_example(
+    case: dict, codec: TextCodec, max_positions: int, context_tokens: int, history: bool = True
+) -> EditExample | None:
     """The case as the server would prompt for it (None: it cannot be one, see the module's doc)."""
     from ..completion.next_edit import (  # the server side's, so both agree
         NextEdit,
@@ -49,8 +50,14 @@ def served_example(case: dict, codec: TextCodec, max_positions: int, context_tok
         h.record("case", text, e["start"], e["end"], e["text"], text.count("\n", 0, e["start"]))
         text = apply(text, [e])
     last = h.last("case")
-    job, start = NextEdit.at(text, case["cursor"], h.diffs("case") if history else (),
-                             (last.start, last.old, last.new) if last else None, context_tokens, True)
+    job, start = NextEdit.at(
+        text,
+        case["cursor"],
+        h.diffs("case") if history else (),
+        (last.start, last.old, last.new) if last else None,
+        context_tokens,
+        True,
+    )
     end = start + len(job.window)
     if case["expected"] is None:
         revised = job.window
@@ -60,20 +67,27 @@ def served_example(case: dict, codec: TextCodec, max_positions: int, context_tok
             return None
         revised = text[start:p] + new + text[q:end]
     try:
-        prompt = next_edit_prompt(job.history, job.before, job.window, job.after, codec, max_positions,
-                                  context_tokens)
+        prompt = next_edit_prompt(job.history, job.before, job.window, job.after, codec, max_positions, context_tokens)
     except SelectionTooLong:
         return None
     target = codec.encode(revised)
     if len(target) > prompt.gen_length or len(prompt.prompt.ids) + prompt.gen_length > max_positions:
         return None
     eos = codec.special.eos
-    return EditExample(list(prompt.prompt.ids), list(prompt.init_ids),
-                       target + [eos] * (prompt.gen_length - len(target)))
+    return EditExample(
+        list(prompt.prompt.ids), list(prompt.init_ids), target + [eos] * (prompt.gen_length - len(target))
+    )
 
 
-def edit_batch(examples: list[EditExample], seq_len: int, block: int, mask_id: int, eos_id: int,
-               keep_weight: float, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def edit_batch(
+    examples: list[EditExample],
+    seq_len: int,
+    block: int,
+    mask_id: int,
+    eos_id: int,
+    keep_weight: float,
+    rng: random.Random,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(clean x, noisy, weights), each [B, seq_len]: prompt then target in x; prompt then the draft
     (window ids, masks to the region's end, some positions masked further) in noisy; weights only on
     the generated region. Sequences are padded with end-of-text (weight 0)."""
@@ -94,7 +108,9 @@ def edit_batch(examples: list[EditExample], seq_len: int, block: int, mask_id: i
     return torch.tensor(xs), torch.tensor(noisies), torch.tensor(weights)
 
 
-def edit_loss(model, x: torch.Tensor, noisy: torch.Tensor, weights: torch.Tensor, allow: torch.Tensor) -> tuple[torch.Tensor, dict]:
+def edit_loss(
+    model, x: torch.Tensor, noisy: torch.Tensor, weights: torch.Tensor, allow: torch.Tensor
+) -> tuple[torch.Tensor, dict]:
     """The weighted denoising loss of an edit batch, with the layout of objective.block_diffusion_loss
     ([clean | noisy], the noisy half's logits)."""
     B, L = x.shape
@@ -103,7 +119,9 @@ def edit_loss(model, x: torch.Tensor, noisy: torch.Tensor, weights: torch.Tensor
     nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x.flatten(), reduction="none").view(B, L)
     loss = (nll * weights).sum() / weights.sum().clamp(min=1e-6)
     changed = (noisy != x) & (weights > 0)
-    right = (logits.detach().argmax(-1) == x)
-    stats = {"edit_acc": (right & changed).sum().item() / max(changed.sum().item(), 1),
-             "keep_acc": (right & ~changed & (weights > 0)).sum().item() / max((~changed & (weights > 0)).sum().item(), 1)}
+    right = logits.detach().argmax(-1) == x
+    stats = {
+        "edit_acc": (right & changed).sum().item() / max(changed.sum().item(), 1),
+        "keep_acc": (right & ~changed & (weights > 0)).sum().item() / max((~changed & (weights > 0)).sum().item(), 1),
+    }
     return loss, stats

@@ -32,7 +32,7 @@ def changed_region(old: str, new: str) -> tuple[int, int, str]:
     """The smallest (start, end, text) with old[:start] + text + old[end:] == new."""
     p = common_prefix(old, new)
     s = common_suffix(old[p:], new[p:])
-    return p, len(old) - s, new[p:len(new) - s]
+    return p, len(old) - s, new[p : len(new) - s]
 
 
 def _strip_lines(text: str) -> str:
@@ -46,7 +46,8 @@ def exact_match(current: str, expected: str | None, predicted: str | None) -> bo
     if predicted is None:
         return False
     return changed_region(_strip_lines(current), _strip_lines(predicted)) == changed_region(
-        _strip_lines(current), _strip_lines(expected))
+        _strip_lines(current), _strip_lines(expected)
+    )
 
 
 def _collapse(text: str) -> str:
@@ -55,8 +56,8 @@ def _collapse(text: str) -> str:
 
 def _delta(old: str, new: str, n: int) -> Counter:
     """The n-grams `new` has more of than `old` (as themselves) and fewer of (as "¬" + n-gram)."""
-    a = Counter(old[i:i + n] for i in range(len(old) - n + 1))
-    b = Counter(new[i:i + n] for i in range(len(new) - n + 1))
+    a = Counter(old[i : i + n] for i in range(len(old) - n + 1))
+    b = Counter(new[i : i + n] for i in range(len(new) - n + 1))
     out = b - a
     for gram, count in (a - b).items():
         out["¬" + gram] = count
@@ -71,7 +72,7 @@ def delta_chrf(original: str, expected: str, actual: str, order: int = 6, beta: 
     p = min(common_prefix(original, expected), common_prefix(original, actual))
     s = min(common_suffix(original[p:], expected[p:]), common_suffix(original[p:], actual[p:]))
     lo, keep = max(0, p - (order - 1)), max(0, s - (order - 1))
-    o, e, a = (_collapse(t[lo:len(t) - keep]) for t in (original, expected, actual))
+    o, e, a = (_collapse(t[lo : len(t) - keep]) for t in (original, expected, actual))
     precisions, recalls = [], []
     for n in range(1, order + 1):
         de, da = _delta(o, e, n), _delta(o, a, n)
@@ -104,13 +105,13 @@ def is_reversal(before: str, history: Sequence[dict], predicted: str | None) -> 
     if predicted in states[:-1]:
         return True
     last, prev = history[-1], states[-2]
-    old, new, s = prev[last["start"]:last["end"]], last["text"], last["start"]
+    old, new, s = prev[last["start"] : last["end"]], last["text"], last["start"]
     ps, pe, ptext = changed_region(current, predicted)
     touches = ps < s + len(new) and pe > s if new else ps <= s <= pe
     if not touches:
         return False
     lo, hi = min(ps, s), max(pe, s + len(new))
-    undone = current[lo:s] + old + current[s + len(new):hi]
+    undone = current[lo:s] + old + current[s + len(new) : hi]
     if current[lo:ps] + ptext + current[pe:hi] == undone:
         return True
     removed = current[ps:pe]  # partly: it takes away only what the edit put in and puts back only what it took out
@@ -140,8 +141,7 @@ def case_scores(case: dict, predicted: str | None) -> dict:
     """One case's scores for one configuration's answer (predicted file text, None: silent)."""
     current = apply(case["before"], case["history"])
     expected = case["expected"]
-    out = {"exact": exact_match(current, expected, predicted), "silent": predicted is None,
-           "no_edit": expected is None}
+    out = {"exact": exact_match(current, expected, predicted), "silent": predicted is None, "no_edit": expected is None}
     if expected is not None:
         out["delta_chrf"] = delta_chrf(current, expected, predicted if predicted is not None else current)
     if predicted is not None:

@@ -52,14 +52,16 @@ def _candidates(text: str, tree: ast.AST) -> dict[str, list[tuple[int, int]]]:
             if span[1] - span[0] <= MAX_SELECTION_CHARS:
                 out["function"].append(span)
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Return, ast.Expr, ast.Raise, ast.If, ast.For)):
-            if node.end_lineno - node.lineno < 4 and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
+            if node.end_lineno - node.lineno < 4 and not (
+                isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            ):
                 out["statement"].append((starts[node.lineno - 1], starts[node.end_lineno]))
         elif isinstance(node, (ast.Call, ast.BinOp, ast.Compare, ast.Subscript)) and node.lineno == node.end_lineno:
             line = lines[node.lineno - 1]
             raw = line.encode()  # ast columns count UTF-8 bytes
             a = len(raw[: node.col_offset].decode(errors="ignore"))
             b = len(raw[: node.end_col_offset].decode(errors="ignore"))
-            if 6 <= b - a and line[a:b].strip() != line.strip():  # inside the line, not all of it
+            if b - a >= 6 and line[a:b].strip() != line.strip():  # inside the line, not all of it
                 out["partial_line"].append((starts[node.lineno - 1] + a, starts[node.lineno - 1] + b))
     return out
 

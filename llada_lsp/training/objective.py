@@ -100,8 +100,15 @@ def cut_hole(text: str, kind: str, rng: random.Random) -> tuple[str, str, str] |
 class SampleStream:
     """Endless stream of token ids from the training files, samples separated by EOS."""
 
-    def __init__(self, texts: list[str], tokenizer, seed: int, window_chars: int = 1400, max_eos_run: int = 40,
-                 hole_weights: tuple[float, ...] = HOLE_WEIGHTS):
+    def __init__(
+        self,
+        texts: list[str],
+        tokenizer,
+        seed: int,
+        window_chars: int = 1400,
+        max_eos_run: int = 40,
+        hole_weights: tuple[float, ...] = HOLE_WEIGHTS,
+    ):
         self.texts, self.window, self.max_eos_run = texts, window_chars, max_eos_run
         self.hole_weights = hole_weights
         self.rng = random.Random(seed)
@@ -185,8 +192,17 @@ def noise_batch(
     return noisy, weights
 
 
-def self_fill(logits: torch.Tensor, x: torch.Tensor, noisy: torch.Tensor, weights: torch.Tensor, mask_id: int,
-              block: int, share: float, keep_weight: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def self_fill(
+    logits: torch.Tensor,
+    x: torch.Tensor,
+    noisy: torch.Tensor,
+    weights: torch.Tensor,
+    mask_id: int,
+    block: int,
+    share: float,
+    keep_weight: float,
+    gen: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Write the model's own guesses into the masks of a `share` of the blocks, as one decoding step
     writes them: the argmax (never a mask) wherever its probability beats a threshold drawn per block
     from U(0.3, 0.9). A wrong guess is a mistake the model really makes, plausible in its context,
@@ -209,9 +225,18 @@ def self_fill(logits: torch.Tensor, x: torch.Tensor, noisy: torch.Tensor, weight
     return noisy, weights
 
 
-def block_diffusion_loss(model, x: torch.Tensor, mask_id: int, block: int, edit_ratio: float, keep_weight: float,
-                         allow: torch.Tensor, gen: torch.Generator, confidence_weight: float = 0.0,
-                         self_fill_share: float = 0.0) -> tuple[torch.Tensor, dict]:
+def block_diffusion_loss(
+    model,
+    x: torch.Tensor,
+    mask_id: int,
+    block: int,
+    edit_ratio: float,
+    keep_weight: float,
+    allow: torch.Tensor,
+    gen: torch.Generator,
+    confidence_weight: float = 0.0,
+    self_fill_share: float = 0.0,
+) -> tuple[torch.Tensor, dict]:
     """The weighted denoising loss, plus `confidence_weight` x the mean entropy of the predictions at
     masked positions the model already gets right (LLaDA2.0's confidence-aware parallel training:
     it sharpens correct predictions, so more of them pass a decoding threshold in the same step,
@@ -242,4 +267,3 @@ def block_diffusion_loss(model, x: torch.Tensor, mask_id: int, block: int, edit_
         loss = loss + confidence_weight * entropy
         stats["entropy"] = entropy.item()
     return loss, stats
-

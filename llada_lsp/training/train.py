@@ -144,8 +144,12 @@ def train(run: TrainSettings) -> None:
     tok = get_tokenizer(run.out, texts, run.vocab_size)
     special = SpecialIds.from_tokenizer(tok)
 
-    config = LLaDA2Config(**{**TINY, "vocab_size": len(tok), **run.config}, mask_token_id=special.mask,
-                          eos_token_id=special.eos, pad_token_id=special.eos)
+    config = LLaDA2Config(
+        **{**TINY, "vocab_size": len(tok), **run.config},
+        mask_token_id=special.mask,
+        eos_token_id=special.eos,
+        pad_token_id=special.eos,
+    )
     model = LLaDA2(config)
     init_weights(model, run.seed)
     if run.init_from and not (run.out / "state.pt").is_file():
@@ -156,8 +160,13 @@ def train(run: TrainSettings) -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=run.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=run.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        fused=device.type == "cuda",
+    )
     step, spent, losses = 0, 0.0, []  # spent: training seconds of earlier runs of this folder
     state_file = run.out / "state.pt"
     if state_file.is_file():
@@ -175,8 +184,18 @@ def train(run: TrainSettings) -> None:
 
     def save() -> None:
         tmp = state_file.with_suffix(".tmp")
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                    "torch_rng": torch.get_rng_state(), "seconds": elapsed(), "losses": losses, "args": asdict(run)}, tmp)
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "opt": opt.state_dict(),
+                "step": step,
+                "torch_rng": torch.get_rng_state(),
+                "seconds": elapsed(),
+                "losses": losses,
+                "args": asdict(run),
+            },
+            tmp,
+        )
         tmp.replace(state_file)  # atomic: an interrupted save never corrupts the checkpoint
         if run.export:
             export(model, tok, run.export)
@@ -187,16 +206,25 @@ def train(run: TrainSettings) -> None:
     if workers:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers tokenize; no nested threads
     batches = Batches(texts, tok, run.seed * 1_000_003 + step, run.batch, run.seq_len, run.holes)
-    loader = iter(torch.utils.data.DataLoader(batches, batch_size=None, num_workers=workers,
-                                              pin_memory=device.type == "cuda",
-                                              prefetch_factor=4 if workers else None))
+    loader = iter(
+        torch.utils.data.DataLoader(
+            batches,
+            batch_size=None,
+            num_workers=workers,
+            pin_memory=device.type == "cuda",
+            prefetch_factor=4 if workers else None,
+        )
+    )
     allow = training_mask(run.seq_len, run.block).to(device)
 
     def amp():
         return torch.autocast(device.type, dtype=torch.bfloat16) if use_autocast else contextlib.nullcontext()
 
-    print(f"{sum(p.numel() for p in params) / 1e6:.1f}M parameters on {device}"
-          f"{' (bf16 autocast)' if use_autocast else ''}, {len(files)} files, {workers} data workers", flush=True)
+    print(
+        f"{sum(p.numel() for p in params) / 1e6:.1f}M parameters on {device}"
+        f"{' (bf16 autocast)' if use_autocast else ''}, {len(files)} files, {workers} data workers",
+        flush=True,
+    )
     gen = torch.Generator().manual_seed(run.seed * 7919 + step)
     from tqdm import tqdm
 
@@ -210,15 +238,28 @@ def train(run: TrainSettings) -> None:
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, max(step / run.steps, elapsed() / budget), run.lr, run.warmup)
             with amp():
-                loss, stats = block_diffusion_loss(model, x, special.mask, run.block, run.edit_ratio,
-                                                   run.keep_weight, allow, gen, run.confidence_weight, run.self_fill)
+                loss, stats = block_diffusion_loss(
+                    model,
+                    x,
+                    special.mask,
+                    run.block,
+                    run.edit_ratio,
+                    run.keep_weight,
+                    allow,
+                    gen,
+                    run.confidence_weight,
+                    run.self_fill,
+                )
             update(model, opt, params, loss)
             step += 1
             losses.append(loss.item())
             tokens_seen += x.numel()
             bar.update(1)
-            shown = {"loss": f"{losses[-1]:.3f}", "mask_loss": f"{stats['mask_loss']:.3f}",
-                     "acc": f"{stats['mask_acc']:.3f}"}
+            shown = {
+                "loss": f"{losses[-1]:.3f}",
+                "mask_loss": f"{stats['mask_loss']:.3f}",
+                "acc": f"{stats['mask_acc']:.3f}",
+            }
             if "entropy" in stats:
                 shown["entropy"] = f"{stats['entropy']:.2f}"
             if "self_fill_wrong" in stats:
@@ -236,13 +277,18 @@ def train(run: TrainSettings) -> None:
     print(f"stopped at step {step}; checkpoint {state_file}", flush=True)
 
 
-
-
 class Batches(torch.utils.data.IterableDataset):
     """Endless [batch, seq_len] id tensors; each data worker draws its own seeded sample stream."""
 
-    def __init__(self, texts: list[str], tokenizer, seed: int, batch: int, seq_len: int,
-                 hole_weights: tuple[float, ...] = HOLE_WEIGHTS):
+    def __init__(
+        self,
+        texts: list[str],
+        tokenizer,
+        seed: int,
+        batch: int,
+        seq_len: int,
+        hole_weights: tuple[float, ...] = HOLE_WEIGHTS,
+    ):
         self.texts, self.tok, self.seed, self.batch, self.seq_len = texts, tokenizer, seed, batch, seq_len
         self.hole_weights = hole_weights
 
@@ -250,8 +296,9 @@ class Batches(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         seed = self.seed + 7919 * (info.id if info else 0)
         # Samples of about one sequence, so most FIM holes keep their context in the same sequence.
-        stream = SampleStream(self.texts, self.tok, seed, window_chars=3 * self.seq_len,
-                              hole_weights=self.hole_weights).sequences(self.seq_len)
+        stream = SampleStream(
+            self.texts, self.tok, seed, window_chars=3 * self.seq_len, hole_weights=self.hole_weights
+        ).sequences(self.seq_len)
         while True:
             yield torch.tensor([next(stream) for _ in range(self.batch)])
 
@@ -263,4 +310,3 @@ def export(model: LLaDA2, tokenizer, folder: Path) -> None:
     save_model(model, folder, dtype=torch.bfloat16)
     save_tokenizer(tokenizer, folder)
     model.train(was_training)
-

@@ -133,9 +133,7 @@ def wait_for(
 class Editor:
     """One headless Neovim with the plugin set up, editing one file."""
 
-    def __init__(
-        self, binary: str, workdir: Path, setup_opts: dict[str, Any], env: dict[str, str] | None = None
-    ):
+    def __init__(self, binary: str, workdir: Path, setup_opts: dict[str, Any], env: dict[str, str] | None = None):
         self.nvim = pynvim.attach("child", argv=[binary, "--embed", "--clean", "--headless"])
         # The server inherits the editor's environment (e.g. LLADA_LSP_TEST_STEP_DELAY_MS).
         for name, value in (env or {}).items():

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pynvim
 import pytest
-
 from nvim_helpers import Editor, nvim_binary, nvim_version, wait_for
 
 BINARY = nvim_binary()
@@ -195,7 +194,9 @@ def test_accept_key_takes_the_visible_draft(open_editor, path):
     line = before[row - 1].encode()
     inserted = (line[:col] + shown["text"].encode() + line[col:]).decode()
     expected = before[: row - 1] + inserted.split("\n") + before[row:]
-    wait_for(lambda: editor.lines() == expected, f"the buffer to become {expected!r}", 10, lambda: f"{editor.lines()!r}")
+    wait_for(
+        lambda: editor.lines() == expected, f"the buffer to become {expected!r}", 10, lambda: f"{editor.lines()!r}"
+    )
     last = shown["text"].split("\n")[-1].encode()
     assert editor.cursor() == (row + shown["text"].count("\n"), (col if "\n" not in shown["text"] else 0) + len(last))
 
@@ -366,7 +367,11 @@ def test_engine_option_reaches_the_server_command(open_editor):
     home = editor.lua("return vim.fs.normalize('~')")
     opts = {"cmd": ["llada-lsp"], "engine": "tcp://127.0.0.1:7077", "token_file": "~/token"}
     assert editor.lua(server_cmd, opts) == [
-        "llada-lsp", "--engine", "tcp://127.0.0.1:7077", "--token-file", f"{home}/token"
+        "llada-lsp",
+        "--engine",
+        "tcp://127.0.0.1:7077",
+        "--token-file",
+        f"{home}/token",
     ]
     assert editor.lua(server_cmd, {"cmd": ["llada-lsp"]}) == ["llada-lsp"], "no engine: the server's default"
     for bad in ["gpu", "unix:", "tcp://host", 7077]:
@@ -417,6 +422,7 @@ class EngineService:
 
     def start(self) -> None:
         """Returns once the model is loaded."""
+
         def loads() -> int:
             return Path(self.log).read_text().count("load embedded: done") if os.path.exists(self.log) else 0
 
@@ -477,7 +483,9 @@ def test_pushed_status_reaches_the_statusline_on_screen(open_editor):
                              ("ready", "llada: ready speed")]:  # fmt: skip
             error = {} if state == "ready" else {"error": "the engine service at unix:/tmp/ll/engine.sock is gone"}
             editor.lua(PUSH_STATUS, {**base, "state": state, **error})
-            wait_for(lambda shown=shown: shown in screen.text(), f"{shown!r} in the statusline on screen", 10, screen.text)
+            wait_for(
+                lambda shown=shown: shown in screen.text(), f"{shown!r} in the statusline on screen", 10, screen.text
+            )
     finally:
         screen.close()
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from nvim_helpers import Editor, nvim_binary, nvim_version, wait_for
 
 BINARY = nvim_binary()
@@ -54,7 +53,9 @@ def test_a_rename_suggests_the_other_uses_tab_jumps_and_accepts(editor):
     wait_for(lambda: editor.mode() == "n" and editor.lines()[1] == "    acc = 0", "the rename")
     wait_for(lambda: shown(editor), "a next edit to be shown", detail=lambda: f"lines {editor.lines()!r}")
     marks = editor.lua(MARKS)
-    struck = sorted((m["row"], m["col"], m["end_row"], m["end_col"]) for m in marks if m.get("hl") == "LladaNextEditDelete")
+    struck = sorted(
+        (m["row"], m["col"], m["end_row"], m["end_col"]) for m in marks if m.get("hl") == "LladaNextEditDelete"
+    )
     assert struck == [(3, 8, 3, 13), (4, 11, 4, 16)], marks  # both `count`s, struck through
     added = sorted((m["row"], m["col"], m["text"]) for m in marks if m.get("pos") == "inline")
     assert added == [(3, 13, "acc"), (4, 16, "acc")], marks  # the new name right after each
@@ -67,7 +68,9 @@ def test_a_rename_suggests_the_other_uses_tab_jumps_and_accepts(editor):
     assert shown(editor) and editor.lines()[3] == "        count += v"
     editor.nvim.input("<Tab>")
     expected = SOURCE.replace("count", "acc").splitlines()
-    wait_for(lambda: editor.lines() == expected, f"the buffer to become {expected!r}", detail=lambda: f"{editor.lines()!r}")
+    wait_for(
+        lambda: editor.lines() == expected, f"the buffer to become {expected!r}", detail=lambda: f"{editor.lines()!r}"
+    )
     assert not shown(editor) and editor.lua(MARKS) == []
     assert editor.cursor() == (5, 13), "the cursor ends on the last character of the last edit"
 

@@ -35,7 +35,7 @@ def send(message):
 
 def offset(text, pos):
     lines = text.split("\n")
-    return sum(len(x) + 1 for x in lines[:pos["line"]]) + to_index(lines[pos["line"]], pos["character"], UTF16)
+    return sum(len(x) + 1 for x in lines[: pos["line"]]) + to_index(lines[pos["line"]], pos["character"], UTF16)
 
 
 def position(text, off):
