@@ -11,7 +11,6 @@ import argparse
 import math
 import random
 import signal
-import time
 from pathlib import Path
 
 import torch
@@ -49,6 +48,7 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
     from ..completion.codec import TextCodec
     from ..model import EMBEDDED_MODEL, LLaDA2, load_model
     from ..training import corpus
+    from ..training.checkpoint import RunState, adamw
     from ..training.edit_pairs import read_jsonl_gz
     from ..training.edit_tune import edit_batch, edit_loss, served_example
     from ..training.objective import block_diffusion_loss, training_mask
@@ -78,24 +78,13 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
         f"({sum(e.target[: len(e.init)] == e.init for e in examples)} no-edit)",
         flush=True,
     )
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(
-        [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ],
-        lr=args.lr,
-        betas=(0.9, 0.95),
-    )
+    params, opt = adamw(model, args.lr)
     args.out.mkdir(parents=True, exist_ok=True)
-    state_file = args.out / "state.pt"
-    step, spent, log = 0, 0.0, []
-    if state_file.is_file():
-        state = torch.load(state_file, map_location="cpu", weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step, spent, log = state["step"], state["seconds"], state["log"]
-        print(f"resumed at step {step} ({spent / 60:.1f} min spent)", flush=True)
+    state = RunState(args.out / "state.pt", model, opt)
+    saved = state.resume()
+    step, log = saved.get("step", 0), saved.get("log", [])
+    if saved:
+        print(f"resumed at step {step} ({state.spent / 60:.1f} min spent)", flush=True)
     rng = random.Random(args.seed * 1_000_003 + step)  # resumed runs see new draws, deterministically
     gen = torch.Generator().manual_seed(args.seed * 7919 + step)
     texts = [f.text for f in corpus.iter_files("train")]
@@ -106,25 +95,10 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
     )
     allow = training_mask(seq_len, block)
     budget = args.minutes * 60
-    started = time.time()
-
-    def elapsed() -> float:
-        return spent + time.time() - started
+    elapsed = state.elapsed
 
     def save() -> None:
-        tmp = state_file.with_suffix(".tmp")
-        torch.save(
-            {
-                "model": model.state_dict(),
-                "opt": opt.state_dict(),
-                "step": step,
-                "seconds": elapsed(),
-                "log": log,
-                "args": {k: str(v) for k, v in vars(args).items()},
-            },
-            tmp,
-        )
-        tmp.replace(state_file)
+        state.save(step=step, log=log, args={k: str(v) for k, v in vars(args).items()})
         export(model, tok, args.out / "model")
 
     stop = {"now": False}

@@ -23,6 +23,7 @@ from ..completion.layouts import SpecialIds
 from ..model import LLaDA2, LLaDA2Config, load_model, save_model
 from ..model.loader import resolve_device
 from . import corpus
+from .checkpoint import RunState, adamw
 from .objective import HOLE_WEIGHTS, SampleStream, block_diffusion_loss, training_mask
 from .tokenizer import save_tokenizer, train_tokenizer
 
@@ -157,46 +158,17 @@ def train(run: TrainSettings) -> None:
         model.load_state_dict(warm.state_dict())
         print(f"initialised from {run.init_from}", flush=True)
     model.to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=run.lr,
-        betas=(0.9, 0.95),
-        eps=1e-8,
-        fused=device.type == "cuda",
-    )
-    step, spent, losses = 0, 0.0, []  # spent: training seconds of earlier runs of this folder
-    state_file = run.out / "state.pt"
-    if state_file.is_file():
-        state = torch.load(state_file, map_location="cpu", weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step, spent, losses = state["step"], state.get("seconds", 0.0), state.get("losses", [])
-        torch.set_rng_state(state["torch_rng"])
-        print(f"resumed from {state_file} at step {step}", flush=True)
-
-    started = time.time()
-
-    def elapsed() -> float:
-        return spent + time.time() - started
+    params, opt = adamw(model, run.lr, eps=1e-8, fused=device.type == "cuda")
+    state = RunState(run.out / "state.pt", model, opt)
+    saved = state.resume()
+    step, losses = saved.get("step", 0), saved.get("losses", [])
+    if saved:
+        torch.set_rng_state(saved["torch_rng"])
+        print(f"resumed from {state.path} at step {step}", flush=True)
+    elapsed = state.elapsed
 
     def save() -> None:
-        tmp = state_file.with_suffix(".tmp")
-        torch.save(
-            {
-                "model": model.state_dict(),
-                "opt": opt.state_dict(),
-                "step": step,
-                "torch_rng": torch.get_rng_state(),
-                "seconds": elapsed(),
-                "losses": losses,
-                "args": asdict(run),
-            },
-            tmp,
-        )
-        tmp.replace(state_file)  # atomic: an interrupted save never corrupts the checkpoint
+        state.save(step=step, torch_rng=torch.get_rng_state(), losses=losses, args=asdict(run))
         if run.export:
             export(model, tok, run.export)
 
@@ -264,7 +236,7 @@ def train(run: TrainSettings) -> None:
                 shown["entropy"] = f"{stats['entropy']:.2f}"
             if "self_fill_wrong" in stats:
                 shown["fill_wrong"] = f"{stats['self_fill_wrong']:.2f}"
-            bar.set_postfix(**shown, tok_s=f"{tokens_seen / (time.time() - started):.0f}")
+            bar.set_postfix(**shown, tok_s=f"{tokens_seen / (time.time() - state.started):.0f}")
             if step % run.save_every == 0:
                 save()
             if elapsed() > budget:
@@ -274,7 +246,7 @@ def train(run: TrainSettings) -> None:
     bar.close()
     signal.signal(signal.SIGTERM, previous_handler)
     save()
-    print(f"stopped at step {step}; checkpoint {state_file}", flush=True)
+    print(f"stopped at step {step}; checkpoint {state.path}", flush=True)
 
 
 class Batches(torch.utils.data.IterableDataset):
