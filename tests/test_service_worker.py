@@ -4,7 +4,10 @@ errors delivered on the loop. Jobs here are plain callables that 'step' like the
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
@@ -198,3 +201,45 @@ async def test_a_plan_without_a_group_runs(one_torch_thread):
     outcome = await asyncio.wait_for(asyncio.wrap_future(ticket.future), 60)
     assert outcome.steps >= 1
     assert worker.stop()
+
+
+async def test_the_model_thread_gives_freed_memory_back_once_idle_after_work(monkeypatch):
+    """After a job, and TRIM_AFTER seconds with nothing to do, the freed heap goes back to the system
+    (runtime/memory.py): once per idle spell, never while idle without work (the load counts as work)."""
+    from llada_lsp.runtime import worker as worker_module
+
+    trims = []
+    monkeypatch.setattr(worker_module, "TRIM_AFTER", 0.1)
+    monkeypatch.setattr(worker_module, "release_freed_memory", lambda: trims.append(time.monotonic()))
+    worker = await ready_worker([])
+    await asyncio.sleep(0.4)
+    assert len(trims) == 1  # after the load
+    await asyncio.sleep(0.3)
+    assert len(trims) == 1, "idle without work: nothing more"
+    done = time.monotonic()
+    await asyncio.wrap_future(worker.submit("a", "job a", stepping(2)).future)
+    await asyncio.sleep(0.4)
+    assert len(trims) == 2 and trims[1] >= done + 0.1
+    assert worker.stop()
+
+
+TRIM_CHILD = """
+from llada_lsp.runtime.memory import release_freed_memory
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+keep, junk = [], []
+for i in range(200_000):  # 200 MB in 1 kB pieces, with a survivor every 100 (the heap cannot shrink from its top)
+    junk.append(bytes(1000))
+    if i % 100 == 0:
+        keep.append(bytes(1000))
+del junk
+freed = rss()
+print(release_freed_memory(), round(freed - rss()))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim: Linux only")
+def test_freed_memory_goes_back_to_the_system():
+    """What the model thread calls: 200 MB freed in small pieces stay in the process until it runs."""
+    out = subprocess.run([sys.executable, "-c", TRIM_CHILD], capture_output=True, text=True, check=True).stdout
+    trimmed, given_back = out.split()
+    assert trimmed == "True" and int(given_back) > 150, out

@@ -32,6 +32,7 @@ from ..completion.generation import LoadedModel, ModelSpec
 from ..completion.pipeline import Plan
 from ..errors import BadLogits, CheckpointError, Refused
 from .loop import call_on_loop
+from .memory import release_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class ModelUnavailable(RuntimeError):
 # loader(spec, report(message, percent), cancelled()) -> the loaded model
 Loader = Callable[[ModelSpec, Callable[[str, int], None], Callable[[], bool]], Any]
 START_BUDGET = 0.05  # seconds of job starts (prompt building) between two denoising steps, at most
+TRIM_AFTER = 1.0  # idle seconds after work before the freed memory is given back (runtime/memory.py)
 _NO_TURN = object()  # _next_group's "no group may start a job now"
 LOAD_KEY = "\0load"  # a newer load supersedes a queued one; no request key (a URI, "conn:key") is like it
 
@@ -135,6 +137,7 @@ class ModelWorker(KeyedJobs):
         self._held_count = 0
         self.live: dict[int, tuple[Ticket, Plan]] = {}
         self._rows: Counter = Counter()  # group -> its live sequences
+        self._worked = False  # a job came since the freed memory was last given back
         self._thread = threading.Thread(target=self._serve, name="llada-model", daemon=True)
         self._thread.start()
 
@@ -178,13 +181,18 @@ class ModelWorker(KeyedJobs):
         while True:
             try:  # wait for a job only when nothing else is to be done
                 while True:
-                    ticket = self._queue.get(block=not self.live and not self._held_count)
+                    idle = not self.live and not self._held_count
+                    # Idle after work: the memory it freed goes back to the system once nothing comes for a while.
+                    ticket = self._queue.get(block=idle, timeout=TRIM_AFTER if idle and self._worked else None)
                     if ticket is None:
                         return
                     self.held.setdefault(ticket.group, deque()).append(ticket)
                     self._held_count += 1
+                    self._worked = True
             except queue.Empty:
-                pass
+                if not self.live and not self._held_count and self._worked:
+                    self._worked = False
+                    release_freed_memory()
             self._start_some()
             if self.live:
                 self._step()
