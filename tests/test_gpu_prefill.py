@@ -63,6 +63,38 @@ def test_a_long_prompt_prefills_in_bounded_forwards_while_another_denoises(golde
     sched.drain()
 
 
+def test_a_rewrites_long_prompt_prefills_in_small_chunks_while_a_completion_denoises(golden_dir, monkeypatch):
+    """A rewrite (priority 1) prefills BACKGROUND_PREFILL tokens a step while an inline completion
+    decodes (a huge selection must not stall a typing user's steps), the whole chunk once it is alone;
+    an inline completion's prompt is prefilled before it; the tokens are those of an unchunked prefill."""
+    from llada_lsp.engine import scheduler
+
+    BACKGROUND_PREFILL = 64  # the tiny model's 512 positions hold no prompt past the real 256
+    monkeypatch.setattr(scheduler, "BACKGROUND_PREFILL", BACKGROUND_PREFILL)
+    model = load_model(golden_dir, device="cpu", dtype=torch.float64)
+    prompt = PROMPT  # 288 tokens to prefill: past BACKGROUND_PREFILL, within one default chunk
+    alone = Engine(model).generation(prompt, 32, "strict").run()
+    engine = Engine(model)
+    sched = engine.scheduler
+    short = sched.add(engine.settings(PROMPT[:20], 64, "strict"))
+    sched.step()
+    seen = lengths_of_forwards(model)
+    rewrite = sched.add(engine.settings(prompt, 32, "strict", priority=1))
+    late = sched.add(engine.settings(PROMPT[:40], 16, "strict"))
+    sched.step()
+    assert seen[0] == 32, f"the completion's prompt first ({seen})"
+    assert seen[1] == BACKGROUND_PREFILL, seen
+    results = {}
+    while len(results) < 3:
+        for event in sched.step():
+            if event.result is not None and event.draft is None:
+                results[event.id] = event.result
+    assert max(seen) <= BACKGROUND_PREFILL, seen
+    assert alone.prefill_forwards == 1 and results[rewrite].prefill_forwards == -(-288 // BACKGROUND_PREFILL)
+    assert results[rewrite].tokens == alone.tokens
+    assert {short, late} <= results.keys()
+
+
 MEASURE = """
 import faulthandler, re, sys
 faulthandler.dump_traceback_later(400, exit=True)  # a stuck run says where it was stuck

@@ -189,9 +189,14 @@ class Scheduler:
         (their K/V are final). A forward's queries x keys stay within prefill_chunk^2 (what one chunk at
         the start of a prompt has): attention's mask, and its scores where SDPA takes the math backend,
         are [T, S], so a chunk far into a long prompt is shorter. A sequence cancelled meanwhile ends
-        here, before its next chunk."""
+        here, before its next chunk. Inline completions go first (priority, then arrival); while others
+        decode, a rewrite's or a next edit's prompt takes BACKGROUND_PREFILL tokens a step at most, so a
+        huge one does not hold every typing user's next step up."""
         budget, bs = self.prefill_chunk, self.block_size
-        for entry in [e for e in self.running if e.prefilling]:
+        decoding = any(not e.prefilling for e in self.running)
+        for entry in sorted(
+            (e for e in self.running if e.prefilling), key=lambda e: (e.seq.settings.priority, e.order)
+        ):
             seq = entry.seq
             if seq.cancelled():
                 seq.ready()  # it ends (cancelled) without a forward
@@ -200,6 +205,8 @@ class Scheduler:
                 break
             lo = seq.valid
             span = max(bs, self.prefill_chunk**2 // (lo + budget) // bs * bs)  # tokens whose [T, S] fits
+            if decoding and seq.settings.priority > 0:
+                span = min(span, max(bs, BACKGROUND_PREFILL // bs * bs))
             hi = min(entry.prefill_end, lo + min(budget, span))
             ids = torch.tensor([seq.host[lo:hi]], device=self.model.device)
             self.model(ids, kv=self.cache.view([(entry.pages, lo, hi)], hi - lo), last_n=0)
@@ -305,6 +312,7 @@ class Scheduler:
 
 
 PREFILL_CHUNK = 2048  # default prompt tokens per prefill forward (and per step)
+BACKGROUND_PREFILL = 256  # a rewrite's or next edit's prompt tokens per step while others decode
 
 
 def bucket(n: int) -> int:
