@@ -43,7 +43,8 @@ local function notify(msg, level)
   vim.notify('llada: ' .. msg, level or vim.log.levels.INFO)
 end
 
---- Asks the server for `llada.status`; while the model loads, asks again every second.
+--- Asks the server for `llada.status`; while the model loads, asks again every second, until the
+--- last status known (asked or pushed: `llada/status`) says it is no longer loading.
 ---@param client vim.lsp.Client
 ---@param on_result? fun(result: table)
 local function refresh_status(client, on_result)
@@ -62,7 +63,8 @@ local function refresh_status(client, on_result)
     end
     if result.state == 'loading' and not on_result then
       vim.defer_fn(function()
-        if not client:is_stopped() then
+        local last = server_status[client.id]
+        if not client:is_stopped() and (not last or last.state == 'loading') then
           refresh_status(client)
         end
       end, 1000)
