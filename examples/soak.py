@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -48,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_lsp import EngineService, rss_mib  # noqa: E402  (the examples folder)
 
 from llada_lsp import wire  # noqa: E402
+from llada_lsp.server.transport import FrameReader  # noqa: E402
 
 SOURCE = (Path(__file__).resolve().parent / "data" / "inventory.py").read_text()
 MALFORMED = {  # what is sent -> the error code a server should answer it with (None: no id to answer)
@@ -123,21 +125,10 @@ class Client:
         return await asyncio.wait_for(answer, timeout)
 
     async def _read(self) -> None:
-        stream = self.proc.stdout
-        while True:
-            length = None
-            while True:  # headers
-                line = await stream.readline()
-                if not line:
-                    return
-                line = line.strip()
-                if not line:
-                    break
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            message = json.loads(await stream.readexactly(length))
-            self._dispatch(message)
+        frames = FrameReader(self.proc.stdout)
+        while (got := await frames.next()) is not None:
+            if got.body is not None:  # a server's frames are well formed; a broken one is no answer
+                self._dispatch(json.loads(got.body))
 
     def _dispatch(self, message: dict) -> None:
         if "method" in message:  # from the server
@@ -277,7 +268,10 @@ class Abuser:
                 self.latencies.append(time.monotonic() - start)
 
 
-def abusers(address: str, megabytes: float) -> list[Abuser]:
+ABUSERS = ("huge-rewrite", "held-hello", "burst", "status-flood", "unknown-fields")
+
+
+def abusers(address: str, megabytes: float, only: list[str] | None = None) -> list[Abuser]:
     """The abusive classes. Their frames are built here, once: built in their loops, they would stall
     this process's event loop, which also times the editors."""
     one = "def f{0}(a, b):\n    if a > {0}:\n        return a - b\n    return [a, b, {0}]\n\n\n"
@@ -344,9 +338,8 @@ def abusers(address: str, megabytes: float) -> list[Abuser]:
         writer.close()
         await asyncio.sleep(1)
 
-    return [Abuser(name, address, run) for name, run in [
-        ("huge rewrite", huge_rewrite), ("held hello", held_hello), ("burst", burst),
-        ("status flood", status_flood), ("unknown fields", unknown_fields)]]  # fmt: skip
+    runs = dict(zip(ABUSERS, (huge_rewrite, held_hello, burst, status_flood, unknown_fields)))
+    return [Abuser(name.replace("-", " "), address, runs[name]) for name in only or ABUSERS]
 
 
 def percentiles(values: list[float]) -> str:
@@ -354,6 +347,23 @@ def percentiles(values: list[float]) -> str:
         return f"{'-':>8} {'-':>8}"
     cuts = statistics.quantiles(values, n=20, method="inclusive") if len(values) > 1 else [values[0]] * 19
     return f"{statistics.median(values):8.2f} {cuts[18]:8.2f}"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process has used (/proc/PID/stat); NaN where there is none."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_now(service: Service, clients: list[Client]) -> tuple[float, dict[str, float]]:
+    """(monotonic time, CPU seconds so far of the service, the fronts together, and this process, which
+    plays the editors and the abusers): on a machine of few cores, what one spends the others lack."""
+    fronts = sum(cpu_seconds(c.proc.pid) for c in clients)
+    return time.monotonic(), {"service": cpu_seconds(service.process.pid), "fronts": fronts,
+                              "soak driver": cpu_seconds(os.getpid())}  # fmt: skip
 
 
 async def watch_rss(pid: int, peak: list[float]) -> None:
@@ -377,17 +387,20 @@ async def soak(args) -> int:
         rss_service_start = rss_mib(service.process.pid)
         peak = [rss_service_start]
         watcher = asyncio.ensure_future(watch_rss(service.process.pid, peak))
-        bad = [] if args.no_abuse else abusers(service.address, args.abuse_mb)
+        bad = [] if args.no_abuse else abusers(service.address, args.abuse_mb, args.abusers)
         end = time.monotonic() + args.minutes * 60
         print(f"{args.clients} clients for {args.minutes:g} minutes against one engine service"
               + ("" if args.no_abuse else ", abused in the second half") + " ...", flush=True)  # fmt: skip
         editing = asyncio.gather(*(c.run(end) for c in clients))
+        cpu = [cpu_now(service, clients)]
         if not args.no_abuse:
             await asyncio.sleep(args.minutes * 30)
             for c in clients:
                 c.phase = "abused"
+            cpu.append(cpu_now(service, clients))
             await asyncio.gather(*(a.loop(end) for a in bad))
         await editing
+        cpu.append(cpu_now(service, clients))
         await asyncio.sleep(5)  # the abusers are gone: what the service gives back
         rss_service_end = rss_mib(service.process.pid)
         watcher.cancel()
@@ -432,6 +445,9 @@ async def soak(args) -> int:
                 f"{k}: {n}" for k, n in a.errors.items())  # fmt: skip
             print(f"{a.name:<16} {a.requests:8} {unanswered:>10} {percentiles(a.latencies)}  {note}")
         print(f"service RSS, MiB: start {rss_service_start:.0f}, peak {peak[0]:.0f}, end {rss_service_end:.0f}")
+        (t0, c0), (t1, c1), (t2, c2) = cpu
+        print(f"CPU cores busy (CPU s / wall s) alone -> abused, of {os.cpu_count()}: " + ", ".join(
+            f"{k} {(c1[k] - c0[k]) / (t1 - t0):.2f} -> {(c2[k] - c1[k]) / (t2 - t1):.2f}" for k in c0))  # fmt: skip
         alone = [t for c in clients for t in c.latencies["alone"]]
         abused = [t for c in clients for t in c.latencies["abused"]]
         if len(alone) > 1 and len(abused) > 1:
@@ -460,7 +476,12 @@ def main(argv: list[str] | None = None) -> int:
         default=4.0,
         help="MB of Python each side of the huge rewrite's selection (default 4; the issue's was 15)",
     )
+    ap.add_argument("--abusers", type=lambda v: [a.strip() for a in v.split(",") if a.strip()], default=None,
+                    metavar="NAME,...", help=f"only these abusive classes (default: all: {', '.join(ABUSERS)})")  # fmt: skip
     args = ap.parse_args(argv)
+    unknown = [a for a in args.abusers or () if a not in ABUSERS]
+    if unknown:
+        ap.error(f"unknown abusive class {unknown[0]!r}; choose from {', '.join(ABUSERS)}")
     if args.clients < 1 or args.minutes <= 0:
         ap.error("--clients and --minutes must be positive")
     return asyncio.run(soak(args))

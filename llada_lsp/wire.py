@@ -16,9 +16,10 @@ failed, status. Fields are documented with each message class below.
 from __future__ import annotations
 
 import asyncio
+import functools
 import struct
 import types
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 
 import msgpack
@@ -33,6 +34,12 @@ class WireError(ValueError):
     """A frame that cannot be taken: too large, not msgpack, not a known message, a missing field."""
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[tuple[str, bool], ...]:
+    """(name, whether None is its default) of each field of a message class (fields() is slow per frame)."""
+    return tuple((f.name, f.default is None) for f in fields(cls))
+
+
 @dataclass(frozen=True)
 class Message:
     type: ClassVar[str]
@@ -41,8 +48,12 @@ class Message:
     def to_dict(self) -> dict[str, Any]:
         """The frame's map; an optional field at its None default is left out (a required None, as
         a connection-level Failed's id, is kept)."""
-        absent = {f.name for f in fields(self) if f.default is None and getattr(self, f.name) is None}
-        return {"type": self.type, **{k: v for k, v in asdict(self).items() if k not in absent}}
+        out: dict[str, Any] = {"type": self.type}
+        for name, optional in _field_names(type(self)):
+            value = getattr(self, name)
+            if not (optional and value is None):
+                out[name] = list(value) if isinstance(value, (list, tuple)) else value  # a copy, as asdict's
+        return out
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from llada_lsp.completion.jobs import Infill
 from llada_lsp.model import EMBEDDED_MODEL
 from llada_lsp.server.completers import RemoteCompleter
 from llada_lsp.service.client import EngineClient, EngineFailure
-from llada_lsp.service.sessions import HELLO_MAX, MAX_UNGREETED
+from llada_lsp.service.sessions import HELLO_MAX, MAX_UNGREETED, STATUS_INTERVAL
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"),
               pytest.mark.skipif(not (EMBEDDED_MODEL / "config.json").is_file(), reason="no embedded model")]  # fmt: skip
@@ -218,6 +218,30 @@ async def test_a_peer_that_does_not_read_is_not_read_and_does_not_bloat_the_serv
         writer.transport.abort()
     assert worst < 1.0, f"a status took the bystander {worst:.2f} s"
     assert peak - rss < 12, f"the service grew by {peak - rss:.0f} MiB for a peer that does not read"
+
+
+async def test_a_flood_of_status_asks_is_answered_once_per_interval(engine):
+    """20,000 status asks at once from a peer that reads: a few answers (one per STATUS_INTERVAL, the
+    last one after the flood), not 20,000 the loop would build and encode while everyone waits; what the
+    peer sends after the flood is still answered."""
+    async with await engine.connect("first"):  # the engine is up and its model loaded
+        pass
+    reader, writer = await raw(engine.address)
+    writer.write(wire.encode(wire.Status()) * 20_000 + wire.encode(wire.Infill(1, "k", BEFORE, "\n", "speed", 8, 1024)))
+    statuses, deadline = 0, time.monotonic() + TIMEOUT
+    while (message := await asyncio.wait_for(wire.read(reader), deadline - time.monotonic())) is not None:
+        statuses += isinstance(message, wire.Status)
+        if isinstance(message, (wire.Done, wire.Failed)):
+            assert isinstance(message, wire.Done), message
+            break
+    await asyncio.sleep(3 * STATUS_INTERVAL)  # the asks read last are answered at the interval's end
+    while True:
+        try:
+            statuses += isinstance(await asyncio.wait_for(wire.read(reader), 0.2), wire.Status)
+        except TimeoutError:
+            break
+    writer.close()
+    assert 1 <= statuses < 100, f"{statuses} status frames for 20,000 asks"
 
 
 # --- 5. a refusal of a huge frame ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..server.transport import FrameReader
 from ..training.corpus import DEFAULT_CACHE, SPLIT_FILES, iter_files, load
 from ..training.eval_typing import Replay, User, make_spans, paired_saved, scores, table
 
@@ -72,16 +73,11 @@ class StdioClient:
         return self.steps.get(request_id)
 
     async def _read(self) -> None:
-        stream = self.process.stdout
-        while True:
-            length = None
-            while (line := await stream.readline()) not in (b"\r\n", b"\n"):
-                if not line:
-                    return
-                name, _, value = line.decode().partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value)
-            message = json.loads(await stream.readexactly(length))
+        frames = FrameReader(self.process.stdout)
+        while (frame := await frames.next()) is not None:
+            if frame.body is None:  # a server's frames are well formed; a broken one is no answer
+                continue
+            message = json.loads(frame.body)
             now = time.perf_counter()
             method = message.get("method")
             if method is None:

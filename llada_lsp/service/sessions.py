@@ -23,10 +23,6 @@ import asyncio
 import hmac
 import itertools
 import logging
-import os
-import select
-import socket
-import struct
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -42,6 +38,7 @@ from ..completion.pipeline import InstructionUnsupported, make_plan
 from ..completion.prompt import SelectionTooLong
 from ..errors import Busy, TooLong
 from ..runtime.worker import ModelUnavailable, Ticket
+from .peers import TEXT_MAX, peer_gone, printable, same_user
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +49,6 @@ WRITE_HIGH = 2**18  # unsent bytes past which a connection is no longer read unt
 DRAFT_BACKLOG = 2**20  # unsent bytes past which a connection's drafts are dropped (a front that is not reading)
 FRAMES_PER_TURN = 32  # frames one connection may have handled before the loop serves the others
 STATUS_INTERVAL = 0.25  # seconds between two status pushes to one connection, at least
-TEXT_MAX = 300  # characters of a peer's text (an error, a client name) in a message or a log line
 TOTALS = ("running", "queued", "steps", "batch_mean", "batch_max", "cache_blocks_used", "cache_blocks_free",
           "cache_hit_rate")  # the backend's figures: every client's work together  # fmt: skip
 FAILURES = ((ModelUnavailable, "no_model"), (SelectionTooLong, "too_long"), (InstructionUnsupported, "unsupported"),
@@ -68,14 +64,6 @@ class Rejected(Exception):
         self.kind, self.message = kind, message
 
 
-def printable(text: str, limit: int = TEXT_MAX) -> str:
-    """`text` safe for a log line or a message: control characters (line ends, ANSI escapes) written
-    as escapes, at most `limit` characters, the rest counted."""
-    head = text[:limit]
-    safe = "".join(c if c.isprintable() else repr(c)[1:-1] for c in head)
-    return safe if len(text) <= limit else f"{safe}... ({len(text) - limit} more characters)"
-
-
 @dataclass(eq=False)
 class Session:
     """One connection that said hello: who it is, and its requests in flight (wire id -> ticket)."""
@@ -89,6 +77,8 @@ class Session:
     pushed: tuple | None = None  # the last status pushed, as its key
     pushed_at: float = float("-inf")
     push_later: asyncio.TimerHandle | None = None
+    asked_at: float = float("-inf")  # when a status ask was last answered
+    ask_later: asyncio.TimerHandle | None = None
 
     @property
     def name(self) -> str:
@@ -234,9 +224,9 @@ class EngineService:
         """Waits for the requests in flight to be answered, unless the peer is gone altogether (its
         answers would go nowhere: they are cancelled, as for any closed connection); how many were."""
         waiting = len(session.pending)
-        if not _peer_gone(writer):  # over TCP, a peer that closed both ways answers this with a reset
+        if not peer_gone(writer):  # over TCP, a peer that closed both ways answers this with a reset
             session.send(self.status(session))
-        while session.pending and not writer.is_closing() and not _peer_gone(writer):
+        while session.pending and not writer.is_closing() and not peer_gone(writer):
             try:
                 await asyncio.wait_for(session.settled.wait(), 0.2)
             except TimeoutError:
@@ -260,7 +250,7 @@ class EngineService:
             raise Rejected("auth", "wrong or missing token")
         if hello.version != wire.VERSION:
             raise Rejected("version", f"this engine speaks protocol version {wire.VERSION}, the client {hello.version}")
-        totals = bool(hello.totals) and _same_user(writer)
+        totals = bool(hello.totals) and same_user(writer)
         session = Session(next(self._ids), printable(hello.client, 80) or "client", writer, totals)
         session.track()
         self.sessions[session.id] = session
@@ -279,9 +269,24 @@ class EngineService:
             if ticket is not None:
                 ticket.cancel()  # answered by _answer, on the loop's next turn
         elif isinstance(message, wire.Status):
-            session.send(self.status(session))
+            self._answer_status(session)
         else:
             raise wire.WireError(f"a client does not send {message.type}")
+
+    def _answer_status(self, session: Session) -> None:
+        """A status ask; asks faster than one per STATUS_INTERVAL are answered once, at its end: a flood
+        of asks costs the loop (shared with every client) one status per interval, not one per frame."""
+        wait = session.asked_at + STATUS_INTERVAL - time.monotonic()
+        if wait <= 0:
+            session.asked_at = time.monotonic()
+            session.send(self.status(session))
+        elif session.ask_later is None:
+
+            def later() -> None:
+                session.ask_later = None
+                self._answer_status(session)
+
+            session.ask_later = asyncio.get_running_loop().call_later(wait, later)
 
     def _drop(self, session: Session) -> int:
         """Forgets a closed connection and cancels its requests; how many there were."""
@@ -289,8 +294,9 @@ class EngineService:
         tickets = list(session.pending.values())
         session.pending.clear()  # before the cancels: their answers have nowhere to go
         session.track()
-        if session.push_later is not None:
-            session.push_later.cancel()
+        for timer in (session.push_later, session.ask_later):
+            if timer is not None:
+                timer.cancel()
         for ticket in tickets:
             ticket.cancel()
         self.push_status()  # the others' client count
@@ -375,24 +381,3 @@ def _answer_of(request_id: int, future: Future) -> wire.Message:
         else next((kind for cls, kind in FAILURES if isinstance(error, cls)), "internal")
     )
     return wire.Failed(request_id, kind, printable(str(error), 4 * TEXT_MAX) or type(error).__name__)
-
-
-def _same_user(writer: asyncio.StreamWriter) -> bool:
-    """Whether the peer is a process of this service's user, as the kernel says (a Unix socket only:
-    over TCP nobody is known to be anyone)."""
-    sock = writer.get_extra_info("socket")
-    if sock is None or sock.family != socket.AF_UNIX:
-        return False
-    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    return uid == os.getuid()
-
-
-def _peer_gone(writer: asyncio.StreamWriter) -> bool:
-    """Whether a Unix socket's peer closed both ways (a half-close is only its sending side). TCP cannot
-    tell them apart here: a write to a peer that closed both ways fails, and closes the writer."""
-    sock = writer.get_extra_info("socket")
-    if sock is None or sock.family != socket.AF_UNIX:
-        return False
-    poller = select.poll()
-    poller.register(sock.fileno(), select.POLLHUP)
-    return any(events & select.POLLHUP for _, events in poller.poll(0))
