@@ -79,6 +79,7 @@ class Session:
     push_later: asyncio.TimerHandle | None = None
     asked_at: float = float("-inf")  # when a status ask was last answered
     ask_later: asyncio.TimerHandle | None = None
+    throttled: int = 0  # frames read while a status ask waited for its interval
 
     @property
     def name(self) -> str:
@@ -194,6 +195,10 @@ class EngineService:
             while (message := await wire.read(reader)) is not None:
                 self._dispatch(session, message)
                 await writer.drain()
+                if session.ask_later is not None:  # asking status too often: FRAMES_PER_TURN frames per interval
+                    session.throttled += 1
+                    if session.throttled % FRAMES_PER_TURN == 0:
+                        await asyncio.sleep(STATUS_INTERVAL)
                 handled += 1
                 if handled % FRAMES_PER_TURN == 0:  # frames already buffered are read without a pause
                     await asyncio.sleep(0)
