@@ -228,7 +228,7 @@ class Front:
             server += ["--threads", str(args.threads), *model_args(args)]
         await self.client.start_io(*server)
         capabilities = t.ClientCapabilities(experimental={"lladaDrafts": not args.no_drafts})
-        options = {"inlineMode": args.mode, "maxCompletionTokens": args.max_tokens}
+        options = {"inlineMode": args.mode, "maxCompletionTokens": args.max_tokens, "revise": not args.no_revise}
         await self.client.initialize_async(
             t.InitializeParams(capabilities=capabilities, initialization_options=options)
         )
@@ -332,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-drafts", action="store_true", help="do not ask for llada/draft notifications (what they cost)"
     )
+    ap.add_argument("--no-revise", action="store_true",
+                    help="cold starts only (setting revise: false), as the direct call makes them")  # fmt: skip
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                     help="torch threads: the server, the service and the direct call")  # fmt: skip
     args = ap.parse_args(argv)
