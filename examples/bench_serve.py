@@ -132,7 +132,7 @@ class Service(EngineService):
         deadline = time.monotonic() + READY_TIMEOUT
         await self.listening(READY_TIMEOUT)
         try:
-            client = await EngineClient.connect(self.address, "bench_serve status", timeout=30)
+            client = await EngineClient.connect(self.address, "bench_serve status", timeout=30, totals=True)
             while True:
                 status = await asyncio.wait_for(client.status(), 30)
                 if status.state == "ready":
