@@ -51,6 +51,10 @@ def model64(golden_dir):
 
 # A sample of the generate cases that holds every kind of setting they have (test_golden's
 # `test_the_sample_covers_every_setting_kind` keeps it so), one reason each (block = 32 positions):
+# A network small enough to train a few steps in a test (config overrides of `llada-lsp train --config`).
+TINY_NETWORK = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                    intermediate_size=128, moe_intermediate_size=32, num_experts=4, n_group=2, topk_group=1)  # fmt: skip
+
 SAMPLE = (
     "A01_P20_G64_quality",  # quality; prompt tail inside block 0; ends post-step budget, then converged
     "A06_P32_G64_speed",  # speed (always follow the argmax); the prompt is exactly one block (a prefill)

@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+from conftest import TINY_NETWORK
 
 from llada_lsp.commands.train import train_main
 from llada_lsp.training.corpus import is_held_out, iter_files
@@ -49,18 +50,7 @@ def test_split_is_deterministic_and_disjoint():
 
 @pytest.mark.slow
 def test_a_few_steps_lower_the_loss(tmp_path, restore_threads):
-    config = dict(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_experts=4,
-        n_group=2,
-        topk_group=1,
-    )
+    config = TINY_NETWORK
     argv = [
         "--out",
         str(tmp_path),

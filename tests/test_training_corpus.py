@@ -11,6 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import TINY_NETWORK
 
 from llada_lsp.training import corpus
 from llada_lsp.training.corpus import CorpusError, is_held_out
@@ -197,18 +198,7 @@ def test_the_candidate_run_trains_resumes_scores_and_decides(tmp_path, fake_stdl
     manifest, cache, out = tmp_path / "manifest.json", tmp_path / "corpus", tmp_path / "run"
     corpus.add(["shapes==1.0"], cache, manifest, download=index, log=lambda _: None)
     corpus.build(cache, manifest, download=None, stdlib=fake_stdlib, log=lambda _: None)
-    tiny = dict(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_experts=4,
-        n_group=2,
-        topk_group=1,
-    )
+    tiny = TINY_NETWORK
     common = ["--out", str(out), "--corpus", str(cache), "--device", "cpu", "--minutes", "30"]
     train_flags = ["--recipe", "scratch", "--config", json.dumps(tiny), "--batch", "2", "--seq-len", "64",
                    "--threads", "1", "--warmup", "1"]  # fmt: skip
