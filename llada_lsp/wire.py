@@ -52,7 +52,7 @@ class Message:
         for name, optional in _field_names(type(self)):
             value = getattr(self, name)
             if not (optional and value is None):
-                out[name] = list(value) if isinstance(value, (list, tuple)) else value  # a copy, as asdict's
+                out[name] = value
         return out
 
 

@@ -31,20 +31,7 @@ def test_exact_match_of_the_changed_region():
 
 def _full_delta_chrf(o: str, e: str, a: str, order: int = 6, beta: float = 2.0) -> float:
     """The same score computed on the whole texts, nothing cut: what the cut must agree with."""
-    o, e, a = m._collapse(o), m._collapse(e), m._collapse(a)
-    ps, rs = [], []
-    for n in range(1, order + 1):
-        de, da = m._delta(o, e, n), m._delta(o, a, n)
-        te, ta = sum(de.values()), sum(da.values())
-        if te == ta == 0:
-            continue
-        hit = sum((de & da).values())
-        ps.append(hit / ta if ta else 0.0)
-        rs.append(hit / te if te else 0.0)
-    if not ps:
-        return 100.0
-    p, r = sum(ps) / len(ps), sum(rs) / len(rs)
-    return 0.0 if p == r == 0 else 100 * (1 + beta**2) * p * r / (beta**2 * p + r)
+    return m._delta_score(m._collapse(o), m._collapse(e), m._collapse(a), order, beta)
 
 
 def test_delta_chrf_on_known_examples():

@@ -72,7 +72,11 @@ def delta_chrf(original: str, expected: str, actual: str, order: int = 6, beta: 
     p = min(common_prefix(original, expected), common_prefix(original, actual))
     s = min(common_suffix(original[p:], expected[p:]), common_suffix(original[p:], actual[p:]))
     lo, keep = max(0, p - (order - 1)), max(0, s - (order - 1))
-    o, e, a = (_collapse(t[lo : len(t) - keep]) for t in (original, expected, actual))
+    return _delta_score(*(_collapse(t[lo : len(t) - keep]) for t in (original, expected, actual)), order, beta)
+
+
+def _delta_score(o: str, e: str, a: str, order: int, beta: float) -> float:
+    """delta_chrf's score of collapsed texts, as they are (no span cut out)."""
     precisions, recalls = [], []
     for n in range(1, order + 1):
         de, da = _delta(o, e, n), _delta(o, a, n)

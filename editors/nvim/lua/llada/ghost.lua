@@ -1,6 +1,7 @@
 --- Ghost text: one extmark per buffer in the `llada` namespace, and the fallback completer that feeds it
 --- where Neovim has no vim.lsp.inline_completion (0.11). Knows nothing about drafts or commands.
 local api = vim.api
+local buffer = require('llada.buffer')
 local through = require('llada.through')
 
 local M = {}
@@ -229,10 +230,7 @@ function M.detach(bufnr)
   if not state then
     return
   end
-  if state.timer then
-    state.timer:stop()
-    state.timer:close()
-  end
+  buffer.close_timer(state)
   cancel(state)
   M.clear(bufnr)
   buffers[bufnr] = nil

@@ -1,6 +1,7 @@
 --- The llada plugin: setup(), the server registration, user commands, keymaps and the statusline.
 --- Ghost text lives in llada.ghost and live drafts in llada.draft; this file draws nothing itself.
 local api = vim.api
+local buffer = require('llada.buffer')
 local config = require('llada.config')
 local draft = require('llada.draft')
 local ghost = require('llada.ghost')
@@ -232,16 +233,9 @@ local function on_detach(bufnr)
   next_edit.detach(bufnr)
   draft.forget(bufnr)
   rewriting[bufnr] = nil
-  if not api.nvim_buf_is_valid(bufnr) then
-    return
-  end
-  for _, mode in ipairs({ 'i', 'x' }) do
-    for _, map in ipairs(api.nvim_buf_get_keymap(bufnr, mode)) do
-      if map.desc and vim.startswith(map.desc, 'llada: ') then
-        api.nvim_buf_del_keymap(bufnr, mode, map.lhs)
-      end
-    end
-  end
+  buffer.del_keymaps(bufnr, { 'i', 'x' }, function(desc)
+    return vim.startswith(desc, 'llada: ')
+  end)
 end
 
 --- LSP range and text of a byte span of {bufnr}: rows 0-based, columns 0-based bytes (clamped to the

@@ -4,6 +4,7 @@
 --- to it, <Tab> again accepts it; <Esc>, or typing on, dismisses it. Knows nothing about inline
 --- completions: init.lua's accept key asks tab() only when no inline completion is shown.
 local api = vim.api
+local buffer = require('llada.buffer')
 
 local M = {}
 
@@ -272,21 +273,12 @@ function M.detach(bufnr)
   if not state then
     return
   end
-  if state.timer then
-    state.timer:stop()
-    state.timer:close()
-  end
+  buffer.close_timer(state)
   M.clear(bufnr)
   buffers[bufnr] = nil
-  if api.nvim_buf_is_valid(bufnr) then
-    for _, mode in ipairs({ 'n', 'i' }) do
-      for _, map in ipairs(api.nvim_buf_get_keymap(bufnr, mode)) do
-        if map.desc and map.desc:find('next edit', 1, true) then
-          api.nvim_buf_del_keymap(bufnr, mode, map.lhs)
-        end
-      end
-    end
-  end
+  buffer.del_keymaps(bufnr, { 'n', 'i' }, function(desc)
+    return desc:find('next edit', 1, true) ~= nil
+  end)
 end
 
 return M
