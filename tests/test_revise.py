@@ -14,6 +14,7 @@ from llada_lsp import wire
 from llada_lsp.backends.native import load
 from llada_lsp.completion.generation import ModelSpec
 from llada_lsp.completion.jobs import Infill, from_wire, to_wire
+from llada_lsp.completion import pipeline
 from llada_lsp.completion.pipeline import InfillPlan, run_infill
 from llada_lsp.server.suggestions import Revision, Suggestions
 
@@ -120,17 +121,25 @@ def test_a_warm_start_begins_from_the_suggestion_and_its_answer_follows_the_type
     assert confirmed >= spots // 2, confirmed
 
 
-def test_a_block_stays_a_block_while_its_first_line_is_typed(model):
+@pytest.mark.parametrize("sure", [True, False])
+def test_a_block_stays_a_block_while_its_first_line_is_typed_where_the_model_is_sure(model, monkeypatch, sure):
     """On an empty line the suggestion is a block; typed through its first characters, the cursor
-    follows code, yet the revision still answers the rest of the block, not only of the line."""
+    follows code, yet the revision still answers the rest of the block, not only of the line, while the
+    model gives every id of the later lines REGION_CONFIDENCE; where it does not, the revision answers
+    the rest of the first line (the later lines are cut, never shown unsure)."""
     text = "def add(a, b):\n    return a + \n\n\ndef sub(a, b):\n    \n\nprint(add(1, 2))\n"
     at = text.index("b):\n    \n") + 8
     first = complete(model, Infill.at(text, at, "speed", 64))
     assert "\n" in first.text, f"the embedded model answers a block here: {first.text!r}"
     k = 3
     now = text[:at] + first.text[:k] + text[at:]
+    monkeypatch.setattr(pipeline, "REGION_CONFIDENCE", 0.0 if sure else 1.01)
     warm = complete(model, Infill.at(now, at + k, "speed", 64, draft=first.text[k:], typed=k))
-    assert "\n" in warm.text and warm.steps * 4 <= first.steps, (first, warm)
+    assert warm.steps * 4 <= first.steps, (first, warm)
+    if sure:
+        assert "\n" in warm.text, (first, warm)
+    else:
+        assert warm.text and "\n" not in warm.text and first.text[k:].startswith(warm.text + "\n"), (first, warm)
     cold = complete(model, Infill.at(now, at + k, "speed", 64))
     assert "\n" not in cold.text, "a cold start there completes the line only"
 

@@ -74,12 +74,13 @@ class NativeBatch:
         """One sequence alone (the scheduler otherwise idle): its drafts, then its result."""
         gen = self.engine.start(self.settings(request))
         for draft in gen:
-            yield Draft(draft.step, draft.generated)
+            yield Draft(draft.step, draft.generated, confidence=draft.confidence)
         return _result(gen.result)
 
 
 def _neutral(event: Event) -> tuple[int, Draft | None, Result | None, Exception | None]:
-    draft = Draft(event.draft.step, event.draft.generated) if event.draft is not None else None
+    d = event.draft
+    draft = Draft(d.step, d.generated, confidence=d.confidence) if d is not None else None
     result = _result(event.result) if event.result is not None else None
     return event.id, draft, result, event.error
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import TooLong
@@ -106,6 +106,9 @@ class Draft:
     step: int
     generated: list[int]
     final: bool = False
+    # per generated position, the probability the model gave its id at the last step that ran it
+    # (0.0: not run yet); empty where a backend does not report it (SGLang)
+    confidence: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

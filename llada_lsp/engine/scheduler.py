@@ -262,11 +262,12 @@ class Scheduler:
             packed = self._device_step(ints, limits, allowed, width, S, visible, varlen)
         host = packed.tolist()  # the one host read of the step (it waits for the forward)
         for entry, (start, _), row in zip(rows, spans, host):
-            if not row[3 * bs]:
+            if not row[4 * bs]:
                 entry.seq.fail(BadLogits(f"the model produced NaN or infinite logits at step {entry.seq.result.steps + 1} "
                                          f"(block {entry.seq.b}): its weights or its precision are broken"))  # fmt: skip
                 continue
-            draft = entry.seq.apply(start, row[:bs], row[bs : 2 * bs], row[2 * bs : 3 * bs])
+            confidence = [c / CONFIDENCE_SCALE for c in row[3 * bs : 4 * bs]]
+            draft = entry.seq.apply(start, row[:bs], row[bs : 2 * bs], row[2 * bs : 3 * bs], confidence)
             events.append(Event(entry.id, draft=draft))
         self.stats.steps += 1
         self.stats.rows += len(rows)
@@ -274,8 +275,8 @@ class Scheduler:
 
     def _device_step(self, ints: torch.Tensor, limits: torch.Tensor, allowed: torch.Tensor | None, width: int,
                      S: int, visible: bool, varlen: Packed | None = None) -> torch.Tensor:  # fmt: skip
-        """One denoising step on the device, from StepInputs' tensors to the packed decisions [B, 3N + 1]
-        (tokens, filled, edited, all-finite): static shapes for static (B, width, S), no host read, so
+        """One denoising step on the device, from StepInputs' tensors to the packed decisions [B, 4N + 1]
+        (tokens, filled, edited, confidence in millionths, all-finite): static shapes for static (B, width, S), no host read, so
         torch.compile traces it whole and a CUDA graph can hold it (tests/test_gpu_step.py checks both)."""
         bs = self.block_size
         ids = ints[:, :width]  # [B, T]
@@ -288,7 +289,8 @@ class Scheduler:
         frozen = torch.arange(bs, device=ints.device)[None, :] < frozen_n[:, None]  # [B, bs] prompt positions
         update = joint_threshold(ids[:, -bs:], logits, frozen, mask_ids, limits[:, 0], limits[:, 1])
         finite = update.confidence.isfinite().all(1, keepdim=True).long()  # a NaN or +inf logit makes its softmax NaN
-        return torch.cat([update.tokens, update.filled.long(), update.edited.long(), finite], dim=1)
+        confidence = (update.confidence.nan_to_num(0.0).clamp(0.0, 1.0) * CONFIDENCE_SCALE).long()
+        return torch.cat([update.tokens, update.filled.long(), update.edited.long(), confidence, finite], dim=1)
 
     def _graphed(self, ints, limits, allowed, width: int, S: int, visible: bool) -> torch.Tensor:
         """_device_step replayed from the CUDA graph of its shapes, captured on first use (after two
@@ -313,6 +315,7 @@ class Scheduler:
 
 PREFILL_CHUNK = 2048  # default prompt tokens per prefill forward (and per step)
 BACKGROUND_PREFILL = 256  # a rewrite's or next edit's prompt tokens per step while others decode
+CONFIDENCE_SCALE = 1_000_000  # a step's confidences travel to the host as integers in millionths
 
 
 def bucket(n: int) -> int:

@@ -32,6 +32,8 @@ class Draft:
     filled: list[int]  # block-relative positions filled from a mask (M2T)
     edited: list[int]  # block-relative positions overwritten (T2T)
     generated: list[int]  # everything generated so far, mask ids where still masked
+    # per generated position, the probability of its id at the last step that ran it (0.0: not run yet)
+    confidence: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class Sequence:
         # a draft (init_ids) is editable, never frozen like the prompt
         self.host = s.prompt + list(s.init_ids) + [s.mask_id] * (self.n_blocks * block_size - P - len(s.init_ids))
         self.result = GenerationResult(tokens=[], steps=0)
+        self.confidence = [0.0] * s.gen_length  # per generated position, as Draft.confidence
         self.started = time.perf_counter()
         self.valid = 0  # K/V of positions [0, valid) in the sequence's pages match the canvas
         self.finished = False
@@ -134,8 +137,10 @@ class Sequence:
         include the previous block, whose last step changed it) to the end of the active block."""
         return (self.valid if self.use_cache else 0), self.hi
 
-    def apply(self, start: int, tokens: list[int], filled: list[bool], edited: list[bool]) -> Draft:
-        """The forward over [start, hi) ran; its decisions for the active block (N = block size each)."""
+    def apply(self, start: int, tokens: list[int], filled: list[bool], edited: list[bool],
+              confidence: list[float] | None = None) -> Draft:  # fmt: skip
+        """The forward over [start, hi) ran; its decisions for the active block (N = block size each) and
+        the confidence of each position's greedy id."""
         if self.use_cache and start < self.lo:
             self.result.refreshed_blocks += 1  # the previous block's final tokens, run with this one
         self.valid = self.lo if self.use_cache else 0
@@ -147,7 +152,12 @@ class Sequence:
         self.forwards += 1
         self.changed = bool(fills or edits)
         P, G = self.P, self.settings.gen_length
-        draft = Draft(self.result.steps, self.b, list(tokens), fills, edits, self.host[P : min(hi, P + G)])
+        if confidence is not None:
+            for i in range(max(lo, P), min(hi, P + G)):
+                self.confidence[i - P] = confidence[i - lo]
+        end = min(hi, P + G)
+        draft = Draft(self.result.steps, self.b, list(tokens), fills, edits, self.host[P:end],
+                      self.confidence[: max(end - P, 0)])  # fmt: skip
         was_mask_free, self.n_masked = self.n_masked == 0, self.host[lo:hi].count(self.settings.mask_id)
         if was_mask_free and not self.changed:
             self._close_block()
