@@ -12,9 +12,9 @@ import pytest
 
 from llada_lsp import wire
 from llada_lsp.backends.native import load
+from llada_lsp.completion import pipeline
 from llada_lsp.completion.generation import ModelSpec
 from llada_lsp.completion.jobs import Infill, from_wire, to_wire
-from llada_lsp.completion import pipeline
 from llada_lsp.completion.pipeline import InfillPlan, run_infill
 from llada_lsp.server.suggestions import Revision, Suggestions
 
