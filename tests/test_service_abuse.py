@@ -161,6 +161,26 @@ async def test_a_large_frame_before_hello_is_refused_without_reading_it(engine):
     writer.close()
 
 
+async def test_a_peer_still_sending_a_refused_hello_reads_the_refusal(engine):
+    """A peer that announced a large hello and is still sending it when refused reads why: the service
+    takes in (and drops) what it is still sending for a moment before it closes, so the peer's writes do
+    not fail, and its buffered refusal is not lost to a reset, before it has read it."""
+    await (await engine.connect("first")).close()  # listening
+    peers = []
+    for _ in range(10):
+        reader, writer = await raw(engine.address, hello=None)
+        writer.write((15 * 2**20).to_bytes(4, "big") + b"\x00" * 2**19)  # more than the socket buffers hold
+        peers.append((reader, writer))
+    kinds = []
+    for reader, writer in peers:
+        try:
+            kinds.append([w.kind for w in await last_words(reader) if isinstance(w, wire.Failed)])
+        except OSError as err:  # the connection reset before the refusal was read
+            kinds.append(type(err).__name__)
+        writer.close()
+    assert kinds == [["bad_request"]] * len(peers), kinds
+
+
 async def test_connections_waiting_to_say_hello_are_bounded(engine):
     silent = [await raw(engine.address, hello=None) for _ in range(MAX_UNGREETED)]
     try:

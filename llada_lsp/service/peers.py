@@ -10,6 +10,9 @@ import socket
 import struct
 
 TEXT_MAX = 300  # characters of a peer's text (an error, a client name) in a message or a log line
+LINGER_BYTES = 2**20  # what a refused peer may still be sending that is taken in and dropped, at most
+LINGER_IDLE = 0.05  # seconds of silence after which a refused peer is taken to have stopped sending
+LINGER_SECONDS = 1.0  # and the longest a refused connection is kept for it
 
 
 def printable(text: str, limit: int = TEXT_MAX) -> str:
@@ -39,3 +42,19 @@ def peer_gone(writer: asyncio.StreamWriter) -> bool:
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLHUP)
     return any(events & select.POLLHUP for _, events in poller.poll(0))
+
+
+async def linger(reader: asyncio.StreamReader) -> None:
+    """Takes in and drops what a refused peer is still sending (bounded in bytes and time), so that
+    closing neither fails its writes nor resets the connection (unread input does) before it has read
+    the refusal already sent to it."""
+    loop = asyncio.get_running_loop()
+    deadline, taken = loop.time() + LINGER_SECONDS, 0
+    while taken < LINGER_BYTES and (left := deadline - loop.time()) > 0:
+        try:
+            chunk = await asyncio.wait_for(reader.read(2**16), min(LINGER_IDLE, left))
+        except (TimeoutError, OSError):
+            return
+        if not chunk:
+            return
+        taken += len(chunk)

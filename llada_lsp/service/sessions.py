@@ -38,7 +38,7 @@ from ..completion.pipeline import InstructionUnsupported, make_plan
 from ..completion.prompt import SelectionTooLong
 from ..errors import Busy, TooLong
 from ..runtime.worker import ModelUnavailable, Ticket
-from .peers import TEXT_MAX, peer_gone, printable, same_user
+from .peers import TEXT_MAX, linger, peer_gone, printable, same_user
 
 logger = logging.getLogger(__name__)
 
@@ -212,6 +212,7 @@ class EngineService:
             reason, level = f"refused ({kind}): {text}", logging.WARNING
             if not writer.is_closing():
                 wire.write(writer, wire.Failed(None, kind, text))
+                await linger(reader)
         except TimeoutError:
             reason = f"no hello within {HELLO_TIMEOUT:.0f} s"
         except (asyncio.IncompleteReadError, ConnectionError) as err:
