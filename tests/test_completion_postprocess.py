@@ -33,6 +33,12 @@ def test_empty_line_block_ends_at_a_dedent():
     assert (done.text, done.complete) == ("return a + b", True)
 
 
+def test_a_block_ends_before_it_repeats_the_line_already_below_the_cursor():
+    cursor = Cursor(before="        ", after="", next_line="        decode=Codec().decode,")
+    done = finish("encode=Codec().encode,\n        decode=Codec().decode,\n        name='x',\n", cursor, ended=False)
+    assert (done.text, done.complete) == ("encode=Codec().encode,", True)
+
+
 def test_a_block_still_being_written_is_not_complete():
     partial = finish("for x in xs:\n        ", EMPTY, ended=False)
     assert (partial.text, partial.complete) == ("for x in xs:", False)

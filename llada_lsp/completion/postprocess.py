@@ -59,7 +59,8 @@ def _rest_of_line(raw: str, ended: bool) -> tuple[str, bool]:
 
 
 def _block(raw: str, cursor: Cursor, ended: bool) -> tuple[str, bool]:
-    """Lines from the cursor to a blank line or to a line indented less than the first one."""
+    """Lines from the cursor to a blank line, to a line indented less than the first one, or to the
+    line that follows the cursor's in the buffer (the model went on with the code already there)."""
     lines = raw.replace("\r\n", "\n").split("\n")
     first = lines[0]
     if not first.strip():
@@ -73,7 +74,7 @@ def _block(raw: str, cursor: Cursor, ended: bool) -> tuple[str, bool]:
             if last and not ended:
                 break  # a line still being written
             return "\n".join(kept), True
-        if _indent(line) < base:
+        if _indent(line) < base or line.strip() == cursor.next_line.strip():
             return "\n".join(kept), True
         kept.append(line)
     return "\n".join(kept), ended
