@@ -10,8 +10,9 @@ threads or how a backend generates: plain values in and out.
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
+from itertools import accumulate
 
 from ..errors import Refused
 from .generation import Draft, Flag, GenerationRequest, LoadedModel, Result, check_request
@@ -131,20 +132,16 @@ class InfillPlan(Plan):
         line_end = text.find("\n", code)
         if line_end < 0:
             return completion
-        # the ids that spell the lines after the first (the text starts after the healed part)
-        pieces = self.codec.token_texts
-        at, start, end = -len(self.heal_text), None, len(text)
-        sure = True
-        for i, token in enumerate(ids):
-            if start is not None and at >= end:
-                break
-            at += len(pieces[token])
-            if start is None and at > line_end:
-                start = i + 1
-            elif start is not None and (i >= len(confidence) or confidence[i] < REGION_CONFIDENCE):
-                sure = False
-        if start is None or start >= len(ids) or at < end:
-            sure = False  # the later lines reach past the ids generated so far
+        # where each id's text ends in the completion (which starts after the part token healing took back)
+        pieces, healed = self.codec.token_texts, len(self.heal_text)
+        ends = [at - healed for at in accumulate(len(pieces[token]) for token in ids)]
+        newline, last = bisect_right(ends, line_end), bisect_left(ends, len(text))  # the ids spelling them
+        # unsure too where the later lines reach past the ids generated so far
+        sure = (
+            newline + 1 < len(ids)
+            and last < len(ids)
+            and all(i < len(confidence) and confidence[i] >= REGION_CONFIDENCE for i in range(newline + 1, last + 1))
+        )
         return completion if sure else Completion(text[:line_end], True)
 
     def _stable(self, text: str) -> bool:

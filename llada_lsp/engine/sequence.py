@@ -138,7 +138,7 @@ class Sequence:
         return (self.valid if self.use_cache else 0), self.hi
 
     def apply(self, start: int, tokens: list[int], filled: list[bool], edited: list[bool],
-              confidence: list[float] | None = None) -> Draft:  # fmt: skip
+              confidence: list[float]) -> Draft:  # fmt: skip
         """The forward over [start, hi) ran; its decisions for the active block (N = block size each) and
         the confidence of each position's greedy id."""
         if self.use_cache and start < self.lo:
@@ -151,11 +151,9 @@ class Sequence:
         self.result.steps += 1
         self.forwards += 1
         self.changed = bool(fills or edits)
-        P, G = self.P, self.settings.gen_length
-        if confidence is not None:
-            for i in range(max(lo, P), min(hi, P + G)):
-                self.confidence[i - P] = confidence[i - lo]
-        end = min(hi, P + G)
+        P, end = self.P, min(hi, self.P + self.settings.gen_length)
+        for i in range(max(lo, P), end):
+            self.confidence[i - P] = confidence[i - lo]
         draft = Draft(self.result.steps, self.b, list(tokens), fills, edits, self.host[P:end],
                       self.confidence[: max(end - P, 0)])  # fmt: skip
         was_mask_free, self.n_masked = self.n_masked == 0, self.host[lo:hi].count(self.settings.mask_id)
