@@ -276,8 +276,8 @@ def abusers(address: str, megabytes: float, only: list[str] | None = None) -> li
     this process's event loop, which also times the editors."""
     one = "def f{0}(a, b):\n    if a > {0}:\n        return a - b\n    return [a, b, {0}]\n\n\n"
     filler = "".join(one.format(i) for i in range(int(megabytes * 2**20) // len(one.format(0))))
-    rewrite = wire.encode(wire.Rewrite(1, "rw", filler + "def add(a, b):\n    ", "return   a+b", "\n\n\n" + filler,
-                                       "quality", 1024, python=True))  # fmt: skip
+    rewrite = wire.encode(wire.Rewrite(filler + "def add(a, b):\n    ", "return   a+b", "\n\n\n" + filler,
+                                       "quality", 1024, python=True, id=1, key="rw"))  # fmt: skip
     burst_ids = range(1, 2001)
     burst_frames = b"".join(wire.encode(wire.Infill(i, f"k{i}", "def add(a, b):\n    return a +", "\n", "speed", 64,
                                                     1024)) for i in burst_ids)  # fmt: skip

@@ -101,10 +101,10 @@ class Infill(Message):
 
 
 @dataclass(frozen=True)
-class Rewrite(Message):
-    type: ClassVar[str] = "rewrite"
-    id: int
-    key: str
+class RewriteAsk:
+    """What a rewrite asks: revise `selection`, which sits between `before` and `after` (the window
+    around it). The frame below carries it; the engine's job (completion/jobs.Rewrite) is it."""
+
     before: str
     selection: str
     after: str
@@ -112,7 +112,16 @@ class Rewrite(Message):
     context_tokens: int
     instruction: str | None = None
     python: bool = False  # parse-checked with ast; other languages are held to their brackets and quotes
+
+
+@dataclass(frozen=True)
+class Rewrite(Message, RewriteAsk):
+    """The request's fields (`RewriteAsk`) come first; `id` and `key` are passed by name."""
+
+    type: ClassVar[str] = "rewrite"
     drafts: bool = False  # send a `draft` frame per denoising step, with empty text (progress only)
+    id: int = field(kw_only=True)
+    key: str = field(kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -159,6 +168,8 @@ class Draft(Message):
 
 @dataclass(frozen=True)
 class Done(Message):
+    """A request's answer: the final text (as `draft`), the steps and seconds it took, and how it stopped."""
+
     type: ClassVar[str] = "done"
     id: int
     text: str

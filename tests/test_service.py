@@ -44,7 +44,7 @@ SAMPLES = [
     wire.Hello(wire.VERSION, "nvim", "s3cret"),
     wire.Welcome(wire.VERSION, "embedded", "ready", ["speed", "quality"], {"max_frame": wire.MAX_FRAME}),
     wire.Infill(1, "file:///a.py", "def f():\n    return ", "\n", "speed", 64, 1024, drafts=True),
-    wire.Rewrite(2, "rewrite:file:///a.py", "x = ", "1 + 1", "\n", "quality", 512, "simplify", True, True),
+    wire.Rewrite("x = ", "1 + 1", "\n", "quality", 512, "simplify", True, True, id=2, key="rewrite:file:///a.py"),
     wire.NextEdit(
         3,
         "next-edit:file:///a.py",
@@ -478,7 +478,9 @@ class TestTheEngineProcess:
             for done, drafts in ((done_a, drafts_a), (done_b, drafts_b)):
                 assert done.text == " b" and done.stopped in ("unit", "done")
                 assert drafts[0][0] == 1 and drafts[-1][1] == done.text
-            rewrite = wire.Rewrite(b.next_id(), "rw", "def add(a, b):\n    ", "return a + b", "\n", "quality", 1024)
+            rewrite = wire.Rewrite(
+                "def add(a, b):\n    ", "return a + b", "\n", "quality", 1024, id=b.next_id(), key="rw"
+            )
             done = await asyncio.wait_for(b.request(rewrite), TIMEOUT)
             assert done.stopped in ("done", "unchanged", "refused") and done.text.strip()
             status = await a.status()

@@ -132,12 +132,12 @@ async def test_a_huge_python_rewrite_does_not_stall_another_client(engine):
     async with await engine.connect("rewriter") as rewriter, await engine.connect("bystander") as bystander:
         # What the model makes of it (the prompt is the same: it reads only the window around the selection):
         # it must change the selection, or the guard never runs.
-        probe = wire.Rewrite(rewriter.next_id(), "rw", filler[-6000:] + tail, selection, after + filler[:6000],
-                             "quality", 1024, python=True)  # fmt: skip
+        probe = wire.Rewrite(filler[-6000:] + tail, selection, after + filler[:6000], "quality", 1024,
+                             python=True, id=rewriter.next_id(), key="rw")  # fmt: skip
         assert (await asyncio.wait_for(rewriter.request(probe), TIMEOUT)).stopped != "unchanged"
         usual = await alone(engine)
-        huge = wire.Rewrite(rewriter.next_id(), "rw", filler + tail, selection, after + filler, "quality", 1024,
-                            python=True)  # fmt: skip
+        huge = wire.Rewrite(filler + tail, selection, after + filler, "quality", 1024, python=True,
+                            id=rewriter.next_id(), key="rw")  # fmt: skip
         rewrite = asyncio.create_task(rewriter.request(huge))
         worst = 0.0
         for _ in range(200):  # the bystander types on until the rewrite is answered, guard included

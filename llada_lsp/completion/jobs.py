@@ -8,6 +8,7 @@ tokens, models or the LSP.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from .. import wire
@@ -45,16 +46,9 @@ class Infill:
 
 
 @dataclass(frozen=True)
-class Rewrite:
-    """Revise `selection`, which sits between `before` and `after` (the window around it)."""
-
-    before: str
-    selection: str
-    after: str
-    mode: str
-    context_tokens: int
-    instruction: str | None = None
-    python: bool = False  # parse-checked with ast; other languages are held to their brackets and quotes
+class Rewrite(wire.RewriteAsk):
+    """Revise `selection`, which sits between `before` and `after` (the window around it): the fields
+    are the wire's, declared once there."""
 
     @classmethod
     def at(cls, text: str, start: int, end: int, mode: str, context_tokens: int = CONTEXT_TOKENS,
@@ -104,8 +98,8 @@ def to_wire(job: Job, request_id: int, key: str, drafts: bool) -> wire.Infill | 
         draft = None if job.draft is None else without_surrogates(job.draft)
         return wire.Infill(request_id, key, before, after, job.mode, job.max_tokens, job.context_tokens, drafts,
                            draft, job.typed if draft is not None else None)  # fmt: skip
-    return wire.Rewrite(request_id, key, before, without_surrogates(job.selection), after, job.mode,
-                        job.context_tokens, job.instruction, job.python, drafts)  # fmt: skip
+    ask = dataclasses.replace(job, before=before, selection=without_surrogates(job.selection), after=after)
+    return wire.Rewrite(**_ask_fields(ask), drafts=drafts, id=request_id, key=key)
 
 
 def from_wire(request: wire.Infill | wire.Rewrite) -> Job:
@@ -116,8 +110,11 @@ def from_wire(request: wire.Infill | wire.Rewrite) -> Job:
             return Infill(request.before, request.after, request.mode, request.max_tokens, request.context_tokens)
         return Infill(request.before, request.after, request.mode, request.max_tokens, request.context_tokens,
                       request.draft, typed)  # fmt: skip
-    return Rewrite(request.before, request.selection, request.after, request.mode, request.context_tokens,
-                   request.instruction, request.python)  # fmt: skip
+    return Rewrite(**_ask_fields(request))
+
+
+def _ask_fields(ask: wire.RewriteAsk) -> dict:
+    return {f.name: getattr(ask, f.name) for f in dataclasses.fields(wire.RewriteAsk)}
 
 
 def outcome_of(done: wire.Done) -> Outcome:
