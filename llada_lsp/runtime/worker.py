@@ -32,7 +32,7 @@ from ..completion.generation import LoadedModel, ModelSpec
 from ..completion.pipeline import Plan
 from ..errors import BadLogits, CheckpointError, Refused
 from .loop import call_on_loop
-from .memory import release_freed_memory
+from .memory import release_freed_memory, settle, unsettle
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,12 @@ class Ticket:
         self.future.add_done_callback(lambda future: call_on_loop(self.loop, fn, future))
 
     def resolve(self, value: Any = None, error: BaseException | None = None) -> None:
+        # The future sits in a reference cycle (its done callbacks name this ticket), freed only by the
+        # cyclic collector: it must not keep the job (a request's whole text) or, through an error's
+        # traceback, the frames that held it. Errors are logged before they get here.
+        self.job = None
+        if error is not None:
+            error = error.with_traceback(None)
         try:
             self.future.set_exception(error) if error is not None else self.future.set_result(value)
         except InvalidStateError:  # cancelled meanwhile: nobody waits for it
@@ -322,6 +328,7 @@ class ModelWorker(KeyedJobs):
 
     def _run_load(self, ticket: Ticket) -> None:
         self.model, self.state = None, "loading"  # the old model's memory is freed before the new one is read
+        unsettle()
         try:
             model = ticket.job(ticket)
         except Exception as err:  # whatever stops a model from loading is reported, never kills the thread
@@ -334,6 +341,7 @@ class ModelWorker(KeyedJobs):
             return
         if not ticket.is_set():
             self.model, self.state, self.error = model, "ready", None
+        settle()
         ticket.resolve(model)
 
     def _log_job(self, ticket: Ticket) -> None:

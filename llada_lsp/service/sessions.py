@@ -326,9 +326,11 @@ class EngineService:
             session.send(wire.Failed(request.id, "busy", busy))
             return
 
+        request_id = request.id  # the callbacks below name the id only, never the request's text
+
         def send_draft(step: int, text: str) -> None:
             if not session.backlogged():  # a later draft or the done says it all anyway
-                session.send(wire.Draft(request.id, step, text))
+                session.send(wire.Draft(request_id, step, text))
 
         ours = isinstance(request, wire.NextEdit)
         job, on_draft = (next_edit.from_wire if ours else from_wire)(request), send_draft if request.drafts else None
@@ -338,9 +340,9 @@ class EngineService:
         planner = next_edit.NextEditPlan if ours else make_plan
         plan = lambda model, ticket: planner(model, job, ticket)  # noqa: E731 - run on the backend
         ticket = self.worker.submit(f"{session.id}:{request.key}", label, plan, on_draft, group=session.id)
-        session.pending[request.id] = ticket
+        session.pending[request_id] = ticket
         session.track()
-        ticket.when_done(lambda _: self._answer(session, request.id, ticket))  # after its drafts
+        ticket.when_done(lambda _: self._answer(session, request_id, ticket))  # after its drafts
         self._push(session)
 
     def _busy(self, session: Session) -> str | None:
