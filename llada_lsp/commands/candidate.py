@@ -69,44 +69,23 @@ def candidate_main(argv: list[str] | None = None) -> int:
         prog="python -m llada_lsp.commands.candidate",
         description=__doc__.split("\n\n")[0],
         epilog="Other flags go to `llada-lsp train` (later ones win), e.g. --batch 64.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    ap.add_argument(
-        "--out",
-        type=Path,
-        default=Path("runs/v2"),
-        help="run folder; the candidate is OUT/export (default: %(default)s)",
-    )
-    ap.add_argument(
-        "--corpus",
-        type=Path,
-        default=corpus.DEFAULT_CACHE,
-        help="the folder `python -m llada_lsp.training.corpus` built (default: %(default)s)",
-    )
-    ap.add_argument(
-        "--minutes", type=float, default=7.0, help="training budget, resumed runs included (default: %(default)s)"
-    )
-    ap.add_argument("--phase", choices=("all", "train", "eval"), default="all")
-    ap.add_argument(
-        "--recipe",
-        choices=tuple(RECIPES),
-        default="warm",
-        help="warm: continue the shipped network; scratch: a 12.3M network from random weights (default: %(default)s)",
-    )
-    ap.add_argument(
-        "--baseline", type=Path, default=EMBEDDED_MODEL, help="the model to beat (default: the shipped one)"
-    )
-    ap.add_argument("--device", default="auto", help="training device: cpu, cuda, auto (default: %(default)s)")
-    ap.add_argument("--eval-device", default="auto", help="evaluation device: cpu, cuda, auto (default: %(default)s)")
-    ap.add_argument("--jobs", type=int, default=1, help="evaluation processes (default: %(default)s)")
-    ap.add_argument("--n", type=int, default=300, help="rest-of-line tasks per split (default: %(default)s)")
-    ap.add_argument(
-        "--n-other",
-        type=int,
-        default=100,
-        help="whole-line and block-body tasks each, per split (default: %(default)s)",
-    )
-    ap.add_argument("--modes", default="speed,quality,no-edit", help="default: %(default)s; speed decides")
-    ap.add_argument("--task-seed", type=int, default=1234, help="which tasks are cut (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=Path("runs/v2"), help="run folder; the candidate is OUT/export")
+    ap.add_argument("--corpus", type=Path, default=corpus.DEFAULT_CACHE,
+                    help="the folder `python -m llada_lsp.training.corpus` built")  # fmt: skip
+    ap.add_argument("--minutes", type=float, default=7.0, help="training budget, resumed runs included")
+    ap.add_argument("--phase", choices=("all", "train", "eval"), default="all", help="what to run")
+    ap.add_argument("--recipe", choices=tuple(RECIPES), default="warm",
+                    help="warm: continue the shipped network; scratch: a 12.3M network from random weights")  # fmt: skip
+    ap.add_argument("--baseline", type=Path, default=EMBEDDED_MODEL, help="the model to beat (the shipped one)")
+    ap.add_argument("--device", default="auto", help="training device: cpu, cuda, auto")
+    ap.add_argument("--eval-device", default="auto", help="evaluation device: cpu, cuda, auto")
+    ap.add_argument("--jobs", type=int, default=1, help="evaluation processes")
+    ap.add_argument("--n", type=int, default=300, help="rest-of-line tasks per split")
+    ap.add_argument("--n-other", type=int, default=100, help="whole-line and block-body tasks each, per split")
+    ap.add_argument("--modes", default="speed,quality,no-edit", help="the modes compared; speed decides")
+    ap.add_argument("--task-seed", type=int, default=1234, help="which tasks are cut")
     args, extra = ap.parse_known_args(argv)
     missing = [name for name in corpus.SPLIT_FILES.values() if not (args.corpus / name).is_file()]
     if missing:

@@ -24,7 +24,7 @@ from ..model import LLaDA2, LLaDA2Config, load_model, save_model
 from ..model.loader import resolve_device
 from . import corpus
 from .checkpoint import RunState, adamw
-from .objective import HOLE_WEIGHTS, SampleStream, block_diffusion_loss, training_mask
+from .objective import HOLE_KINDS, HOLE_WEIGHTS, SampleStream, block_diffusion_loss, training_mask
 from .tokenizer import save_tokenizer, train_tokenizer
 
 # The shipped size: the largest that trains well on two CPU cores in a few hours and stays under 25 MB
@@ -94,36 +94,67 @@ def get_tokenizer(out: Path, train_texts: list[str], vocab_size: int):
     return tok
 
 
+def _opt(default, help: str, **argparse):
+    """A setting: its default and what it means, which `llada-lsp train` turns into an option."""
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata={"help": help, **argparse})
+    return field(default=default, metadata={"help": help, **argparse})
+
+
 @dataclass
 class TrainSettings:
-    """One run's settings; the defaults are those of the shipped model's run, on one GPU (`llada-lsp
-    train --help` says what each means)."""
+    """One run's settings, each with what it means; the defaults are those of the shipped model's run,
+    on one GPU."""
 
-    out: Path = Path("runs/tiny")
-    steps: int = 20000
-    batch: int = 128
-    seq_len: int = 512
-    block: int = 32
-    lr: float = 3e-3
-    warmup: int = 100
-    edit_ratio: float = 0.15
-    keep_weight: float = 0.1
-    confidence_weight: float = 0.0
-    self_fill: float = 0.0
-    holes: tuple[float, ...] = HOLE_WEIGHTS
-    vocab_size: int = 8192
-    seed: int = 0
-    threads: int = 2
-    device: str = "auto"  # cpu, cuda, or auto (cuda when available)
-    autocast: str = "auto"  # auto (on for CUDA), on, off
-    workers: int | None = None  # sample-building processes (None: 8 on CUDA, 0 on CPU)
-    corpus: Path | None = None  # a corpus file (None: this interpreter's stdlib, train split)
-    save_every: int = 200
-    hours: float | None = None
-    export: Path | None = None
-    init_from: Path | None = None
-    corpus_limit: int | None = None
-    config: dict = field(default_factory=dict)  # LLaDA2Config overrides of TINY
+    out: Path = _opt(Path("runs/tiny"), "run folder (checkpoints, tokenizer)")
+    steps: int = _opt(20000, "total optimizer steps (sets the LR schedule)")
+    batch: int = _opt(128, "sequences per step")
+    seq_len: int = _opt(512, "tokens per sequence (multiple of the block)")
+    block: int = _opt(32, "diffusion block size (as the engine decodes)")
+    lr: float = _opt(3e-3, "peak learning rate (AdamW)")
+    warmup: int = _opt(100, "linear warmup steps")
+    edit_ratio: float = _opt(0.15, "share of visible tokens replaced, times t")
+    keep_weight: float = _opt(0.1, "loss weight of kept visible tokens")
+    confidence_weight: float = _opt(
+        0.0,
+        "weight of the entropy of correct predictions at masked positions "
+        "(LLaDA2.0's confidence-aware training: sharper, so more tokens per step)",
+    )
+    self_fill: float = _opt(
+        0.0,
+        "share of blocks whose masks first get the model's own confident guesses (an "
+        "extra no-grad forward), so it learns to revise its real mistakes, not only random tokens",
+    )
+    holes: tuple[float, ...] = _opt(
+        HOLE_WEIGHTS,
+        "sample mix, KIND=WEIGHT,... over "
+        + ", ".join(HOLE_KINDS)
+        + " (unnamed kinds keep the default weights, in that order)",
+    )
+    vocab_size: int = _opt(8192, "BPE size, when the tokenizer is trained")
+    seed: int = _opt(0, "seeds the weights, the samples and the noise")
+    threads: int = _opt(2, "CPU threads of the training process")
+    device: str = _opt("auto", "cpu, cuda, or auto (cuda when available)")
+    autocast: str = _opt("auto", "bf16 autocast (auto: on for CUDA)", choices=("auto", "on", "off"))
+    workers: int | None = _opt(
+        None, "processes that build samples (default: 8 on CUDA, 0 = in the training process on CPU)"
+    )
+    corpus: Path | None = _opt(
+        None,
+        "a corpus file: .corpus/train.jsonl.gz from `python -m "
+        "llada_lsp.training.corpus` (stdlib and third-party), or `... corpus train FILE` "
+        "(stdlib alone) (default: this interpreter's stdlib, train split)",
+    )
+    save_every: int = _opt(200, "checkpoint every N steps")
+    hours: float | None = _opt(
+        None, "time budget: the LR schedule ends at whichever of --steps and --hours comes first"
+    )
+    export: Path | None = _opt(None, "also write a shippable model folder here")
+    init_from: Path | None = _opt(
+        None, "start a new run from an exported model folder (e.g. the shipped one) instead of random weights"
+    )
+    corpus_limit: int | None = _opt(None, "use only the first N training files (tests)")
+    config: dict = _opt({}, "JSON of config overrides (tests use a smaller network)")
 
 
 def train(run: TrainSettings) -> None:
