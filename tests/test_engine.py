@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from llada_lsp import Engine, load_model
+from llada_lsp.engine import sequence
 from llada_lsp.engine.cache import BlockCache, CacheFull
 from llada_lsp.engine.policy import PRESETS
 from llada_lsp.engine.scheduler import Scheduler
@@ -192,6 +193,65 @@ def test_first_allowed_holds_the_first_position_to_the_given_ids(model):
     assert gen.result.tokens[0] in allowed
     with pytest.raises(ValueError):
         Engine(model).generation(PROMPT, 40, "speed", mask_id=511, eos_id=508, first_allowed=[])
+
+
+def fixed_draft(model, prompt, gen_length):
+    """A draft the model keeps: a result revised until checking it block by block changes nothing."""
+    draft = Engine(model).generation(prompt, gen_length, "quality", mask_id=511, eos_id=508).run().tokens
+    for _ in range(4):
+        again = Engine(model).generation(prompt, gen_length, "quality", mask_id=511, eos_id=508, init_ids=draft)
+        if again.run().tokens == draft:
+            return draft
+        draft = again.result.tokens
+    raise AssertionError("no fixed draft")
+
+
+def test_a_draft_the_model_keeps_is_checked_in_one_forward_across_its_blocks(model, monkeypatch):
+    """A warm start whose draft spans blocks: while a block is mask-free, the forward also runs the
+    next drafted block's first step (Sequence.ahead), so a kept draft costs one forward, not one per
+    block, and ends as checking it block by block ends; a draft the model changes ends the same too."""
+    prompt = PROMPT + [5, 9]  # 72 positions: the 56 generated ones fill blocks 2 and 3 exactly
+    draft = fixed_draft(model, prompt, 56)
+    changed = draft[:20] + [(t + 1) % 500 for t in draft[20:40]] + draft[40:]
+
+    def run(init_ids, lookahead):
+        monkeypatch.setattr(sequence, "DRAFT_LOOKAHEAD", lookahead)
+        gen = Engine(model).generation(prompt, 56, "quality", mask_id=511, eos_id=508, init_ids=init_ids)
+        drafts = [(d.block, d.generated) for d in gen]
+        return gen.result, drafts
+
+    stepwise, _ = run(draft, 1)
+    ahead, drafts = run(draft, 4)
+    assert (stepwise.steps, ahead.steps) == (2, 1)
+    assert ahead.tokens == stepwise.tokens == draft and drafts == [(3, draft)]
+    assert [(b.block, b.forwards, b.end) for b in ahead.blocks] == [(2, 1, "converged"), (3, 1, "converged")]
+    stepwise, _ = run(changed, 1)
+    ahead, _ = run(changed, 4)
+    assert ahead.tokens == stepwise.tokens != changed and ahead.steps <= stepwise.steps
+
+
+def test_a_draft_checked_ahead_batches_with_a_cold_start(model):
+    """One forward holds a row deciding two blocks and a row deciding one: each gets the drafts it
+    gets alone (the shorter row's extra positions are frozen and dropped)."""
+    prompt = PROMPT + [5, 9]
+    draft = fixed_draft(model, prompt, 56)
+
+    def events(engine, which):
+        ids = {}
+        if "warm" in which:
+            ids[engine.scheduler.add(engine.settings(prompt, 56, "quality", 16, False, 511, 508, init_ids=draft))] = (
+                "warm"
+            )
+        if "cold" in which:
+            ids[engine.scheduler.add(settings(engine, PROMPT[:50], 40, "quality"))] = "cold"
+        out = {name: [] for name in which}
+        for event in engine.scheduler.drain():
+            out[ids[event.id]].append(event.draft.generated if event.draft else event.result.tokens)
+        return out
+
+    together = events(Engine(model), ("warm", "cold"))
+    assert together["warm"] == events(Engine(model), ("warm",))["warm"] and len(together["warm"]) == 2
+    assert together["cold"] == events(Engine(model), ("cold",))["cold"]
 
 
 # --- the scheduler and the block cache ---------------------------------------------------------------

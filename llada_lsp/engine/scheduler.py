@@ -241,6 +241,7 @@ class Scheduler:
         bs = self.block_size
         spans = [entry.seq.queries() for entry in rows]
         width = max(hi - start for start, hi in spans)
+        D = max(hi - entry.seq.lo for entry, (_, hi) in zip(rows, spans))  # decided positions: a block, or a draft's
         S = max(hi for _, hi in spans)
         B = len(rows)
         if self.cuda_graph:  # static shapes: a graph per (batch bucket, width, key bucket)
@@ -248,9 +249,9 @@ class Scheduler:
         seqs = [entry.seq for entry in rows]
         visible = len(rows) == B and all_visible([(e.pages, a, b) for e, (a, b) in zip(rows, spans)], width, bs)
         constrained = self.cuda_graph or any(seq.allowed_row is not None for seq in seqs)
-        ints, limits, allowed = self.inputs.fill(rows, spans, width, S, B, constrained)
+        ints, limits, allowed = self.inputs.fill(rows, spans, width, S, B, constrained, D)
         if self.cuda_graph:
-            packed = self._graphed(ints, limits, allowed, width, S, visible)
+            packed = self._graphed(ints, limits, allowed, width, S, visible, D)
         else:  # flash-attn's varlen kernel where it runs and no row needs a mask (shapes follow the rows' ends)
             varlen = None
             if (
@@ -259,54 +260,64 @@ class Scheduler:
                 and all(start // bs == (hi - 1) // bs for start, hi in spans)
             ):
                 varlen = Packed.of([(e.pages, a, b) for e, (a, b) in zip(rows, spans)], width, bs, self.model.device)
-            packed = self._device_step(ints, limits, allowed, width, S, visible, varlen)
+            packed = self._device_step(ints, limits, allowed, width, S, visible, D, varlen)
         host = packed.tolist()  # the one host read of the step (it waits for the forward)
-        for entry, (start, _), row in zip(rows, spans, host):
-            if not row[4 * bs]:
+        for entry, (start, hi), row in zip(rows, spans, host):
+            if not row[4 * D]:
                 entry.seq.fail(BadLogits(f"the model produced NaN or infinite logits at step {entry.seq.result.steps + 1} "
                                          f"(block {entry.seq.b}): its weights or its precision are broken"))  # fmt: skip
                 continue
-            confidence = [c / CONFIDENCE_SCALE for c in row[3 * bs : 4 * bs]]
-            draft = entry.seq.apply(start, row[:bs], row[bs : 2 * bs], row[2 * bs : 3 * bs], confidence)
+            skip = D - (hi - entry.seq.lo)  # this row's own decisions are the last of the D
+            confidence = [c / CONFIDENCE_SCALE for c in row[3 * D + skip : 4 * D]]
+            draft = entry.seq.apply(start, row[skip:D], row[D + skip : 2 * D], row[2 * D + skip : 3 * D], confidence)
             events.append(Event(entry.id, draft=draft))
         self.stats.steps += 1
         self.stats.rows += len(rows)
         self.stats.batch_max = max(self.stats.batch_max, len(rows))
 
     def _device_step(self, ints: torch.Tensor, limits: torch.Tensor, allowed: torch.Tensor | None, width: int,
-                     S: int, visible: bool, varlen: Packed | None = None) -> torch.Tensor:  # fmt: skip
-        """One denoising step on the device, from StepInputs' tensors to the packed decisions [B, 4N + 1]
-        (tokens, filled, edited, confidence in millionths, all-finite): static shapes for static (B, width, S), no host read, so
-        torch.compile traces it whole and a CUDA graph can hold it (tests/test_gpu_step.py checks both)."""
+                     S: int, visible: bool, D: int, varlen: Packed | None = None) -> torch.Tensor:  # fmt: skip
+        """One denoising step on the device, from StepInputs' tensors to the packed decisions [B, 4D + 1]
+        for the last D queries of each row (tokens, filled, edited, confidence in millionths, all-finite):
+        static shapes for static (B, width, S, D), no host read, so torch.compile traces it whole and a
+        CUDA graph can hold it (tests/test_gpu_step.py checks both). D is a block, or more when a row
+        checks a draft ahead (Sequence.ahead); a row that decides fewer positions has its first `outside`
+        of the D frozen and never masked, so no step rule reaches them, and their decisions are dropped."""
         bs = self.block_size
         ids = ints[:, :width]  # [B, T]
-        frozen_n, mask_ids, at = ints[:, width], ints[:, width + 1], ints[:, width + 2]  # [B] each
-        view = PagedView(self.cache, *paged_tables(ints[:, width + 3 :], width, S, bs, visible))
+        frozen_n, mask_ids, at, outside = (ints[:, width + i] for i in range(4))  # [B] each
+        view = PagedView(self.cache, *paged_tables(ints[:, width + 4 :], width, S, bs, visible))
         view.packed = varlen
-        logits = self.model(ids, kv=view, last_n=bs)  # [B, bs, V]
+        logits = self.model(ids, kv=view, last_n=D)  # [B, D, V]
         if allowed is not None:
             constrain_first(logits, allowed, at)
-        frozen = torch.arange(bs, device=ints.device)[None, :] < frozen_n[:, None]  # [B, bs] prompt positions
-        update = joint_threshold(ids[:, -bs:], logits, frozen, mask_ids, limits[:, 0], limits[:, 1])
-        finite = update.confidence.isfinite().all(1, keepdim=True).long()  # a NaN or +inf logit makes its softmax NaN
+        slot = torch.arange(D, device=ints.device)[None, :] - outside[:, None]  # [B, D]: < 0 outside the row's
+        frozen = (slot < 0) | (slot < frozen_n[:, None])  # and its prompt positions
+        tokens = ids[:, -D:]
+        tokens = torch.where(
+            (slot < 0) & (tokens == mask_ids[:, None]), (mask_ids[:, None] + 1) % self.inputs.vocab, tokens
+        )
+        update = joint_threshold(tokens, logits, frozen, mask_ids, limits[:, 0], limits[:, 1])
+        # a NaN or +inf logit makes its softmax NaN (outside a row's decisions: padding, never read)
+        finite = (update.confidence.isfinite() | (slot < 0)).all(1, keepdim=True).long()
         confidence = (update.confidence.nan_to_num(0.0).clamp(0.0, 1.0) * CONFIDENCE_SCALE).long()
         return torch.cat([update.tokens, update.filled.long(), update.edited.long(), confidence, finite], dim=1)
 
-    def _graphed(self, ints, limits, allowed, width: int, S: int, visible: bool) -> torch.Tensor:
+    def _graphed(self, ints, limits, allowed, width: int, S: int, visible: bool, D: int) -> torch.Tensor:
         """_device_step replayed from the CUDA graph of its shapes, captured on first use (after two
         warm-up runs on a side stream, which compile the Triton kernels; they write the same K/V the
         replay writes). The inputs are StepInputs' persistent buffers: the graph reads them in place."""
-        key = (ints.shape, width, S, visible, allowed is not None)
+        key = (ints.shape, width, S, visible, allowed is not None, D)
         if key not in self.graphs:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    self._device_step(ints, limits, allowed, width, S, visible)
+                    self._device_step(ints, limits, allowed, width, S, visible, D)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.graph_pool):
-                out = self._device_step(ints, limits, allowed, width, S, visible)
+                out = self._device_step(ints, limits, allowed, width, S, visible, D)
             self.graphs[key] = (graph, out)
         graph, out = self.graphs[key]
         graph.replay()
@@ -342,9 +353,10 @@ def constrain_first(logits: torch.Tensor, allowed: torch.Tensor, at: torch.Tenso
 class StepInputs:
     """The step's inputs in persistent buffers, updated in place: on CUDA a pinned host buffer per shape
     and its device twin, one non-blocking copy each (the host buffer is rewritten only after the step's
-    host read, by which time the copy has run). Layout of `ints` [B, T + 3 + 2 + pages] int64: the
-    query ids (T), the block's prompt positions, the mask id, the first_allowed position (-1: none),
-    then cache.row_descriptor's [start, end, pages...]; `limits` [B, 2] float32: threshold, editing."""
+    host read, by which time the copy has run). Layout of `ints` [B, T + 4 + 2 + pages] int64: the
+    query ids (T), the active block's prompt positions, the mask id, the first_allowed position among
+    the D decided (-1: none), how many of the D lie before the row's active block (`outside`), then
+    cache.row_descriptor's [start, end, pages...]; `limits` [B, 2] float32: threshold, editing."""
 
     def __init__(self, device: torch.device, vocab: int):
         self.device, self.vocab = torch.device(device), vocab
@@ -358,22 +370,24 @@ class StepInputs:
             self.buffers[key] = (host, host.to(self.device) if self.device.type != "cpu" else host)
         return self.buffers[key]
 
-    def fill(self, rows: list[_Entry], spans, width: int, S: int, B: int, constrained: bool):
+    def fill(self, rows: list[_Entry], spans, width: int, S: int, B: int, constrained: bool, D: int):
         """-> (ints, limits, allowed [B, V] bool or None) on the device, for `rows` padded to B rows (a
-        padding row: queries at 0..width-1 on the scratch page, all frozen, its decisions dropped)."""
+        padding row: queries at 0..width-1 on the scratch page, all frozen, its decisions dropped); each
+        row decides the last D of its queries' positions (Scheduler._device_step)."""
         bs = rows[0].seq.bs
         n_pages = -(-S // bs)
-        ints_h, ints_d = self._pair("ints", (B, width + 3 + 2 + n_pages), torch.int64)
+        ints_h, ints_d = self._pair("ints", (B, width + 4 + 2 + n_pages), torch.int64)
         limits_h, limits_d = self._pair("limits", (B, 2), torch.float32)
         table = []
         for entry, (start, hi) in zip(rows, spans):
             seq = entry.seq
             ids = seq.host[start:hi]
-            at = seq.allowed_row
+            at, outside = seq.allowed_row, D - (hi - seq.lo)
             table.append([0] * (width - len(ids)) + ids + [min(max(seq.P - seq.lo, 0), bs), seq.settings.mask_id,
-                          -1 if at is None else at, *row_descriptor(entry.pages, start, hi, n_pages, bs)])  # fmt: skip
+                          -1 if at is None else outside + at, outside,
+                          *row_descriptor(entry.pages, start, hi, n_pages, bs)])  # fmt: skip
         scratch = row_descriptor([SCRATCH] * n_pages, 0, width, n_pages, bs)
-        pad = [0] * width + [bs, rows[0].seq.settings.mask_id, -1, *scratch]
+        pad = [0] * width + [D, rows[0].seq.settings.mask_id, -1, 0, *scratch]
         table += [pad] * (B - len(rows))
         ints_h.copy_(torch.tensor(table))
         policies = [entry.seq.settings.policy for entry in rows]

@@ -17,6 +17,8 @@ import torch
 
 from .policy import JointThreshold
 
+DRAFT_LOOKAHEAD = 4  # blocks one forward may decide while it checks a draft (Sequence.ahead)
+
 
 class CancelFlag(Protocol):
     def is_set(self) -> bool: ...
@@ -27,10 +29,11 @@ class Draft:
     """The state after one denoising step."""
 
     step: int  # denoising forwards so far in this generation (1-based)
-    block: int  # index of the active block, counted from position 0 of the sequence
-    block_tokens: list[int]  # the active block's ids after the step (prompt tail included)
-    filled: list[int]  # block-relative positions filled from a mask (M2T)
-    edited: list[int]  # block-relative positions overwritten (T2T)
+    # the last block the step decided (the active one; a draft's check may decide several: Sequence.ahead)
+    block: int  # its index, counted from position 0 of the sequence
+    block_tokens: list[int]  # its ids after the step (prompt tail included)
+    filled: list[int]  # its block-relative positions filled from a mask (M2T)
+    edited: list[int]  # its block-relative positions overwritten (T2T)
     generated: list[int]  # everything generated so far, mask ids where still masked
     # per generated position, the probability of its id at the last step that ran it (0.0: not run yet)
     confidence: list[float] = field(default_factory=list)
@@ -133,22 +136,58 @@ class Sequence:
         return self.aborted or (cancel is not None and cancel.is_set())
 
     def queries(self) -> tuple[int, int]:
-        """Positions [start, hi) the next forward runs: from the end of the valid cache (which may
-        include the previous block, whose last step changed it) to the end of the active block."""
-        return (self.valid if self.use_cache else 0), self.hi
+        """Positions [start, end) the next forward runs: from the end of the valid cache (which may
+        include the previous block, whose last step changed it) to the end of the active block, or of
+        the last block a draft's check runs ahead to (`ahead`)."""
+        return (self.valid if self.use_cache else 0), self.hi + (self.ahead() - 1) * self.bs
+
+    def ahead(self) -> int:
+        """Blocks the next forward decides: 1, or, for a draft (init_ids), more while each block but the
+        last is mask-free (its step closes it if nothing changes) and the next one holds drafted ids, at
+        most DRAFT_LOOKAHEAD. The forward then also runs that next block's first step, attending to
+        exactly the tokens it would see after the close, so a draft the model confirms costs one
+        forward, not one per block; the step is used only if the blocks before it close (apply).
+        Cold starts always decide 1 block: the reference's loop, forward for forward."""
+        s, bs = self.settings, self.bs
+        if not s.init_ids or s.max_post_steps < 1 or self.n_masked:
+            return 1
+        n, end = 1, self.P + s.gen_length
+        while n < DRAFT_LOOKAHEAD and self.b + n < self.n_blocks:
+            lo = self.lo + n * bs
+            block = self.host[lo : min(lo + bs, end)]
+            if not block or block.count(s.mask_id) == len(block):
+                break  # past the generated region, or nothing drafted there: its first step waits
+            n += 1
+            if s.mask_id in block:
+                break  # this block's masks: it stays open after its first step
+        return n
 
     def apply(self, start: int, tokens: list[int], filled: list[bool], edited: list[bool],
               confidence: list[float]) -> Draft:  # fmt: skip
-        """The forward over [start, hi) ran; its decisions for the active block (N = block size each) and
-        the confidence of each position's greedy id."""
+        """The forward over [start, end) ran; its decisions for the blocks it decided (`ahead`: N = block
+        size each, the active block's first) and the confidence of each position's greedy id. A block
+        after the active one takes its step only if every block before it closed in this step."""
         if self.use_cache and start < self.lo:
             self.result.refreshed_blocks += 1  # the previous block's final tokens, run with this one
+        self.result.steps += 1
+        bs, first = self.bs, self.b
+        draft = self._step(tokens[:bs], filled[:bs], edited[:bs], confidence[:bs])
+        for k in range(1, len(tokens) // bs):
+            if self.finished or self.b != first + k:
+                break  # the block before did not close: this step of the next one saw other tokens
+            if self.n_masked == 0:
+                self.post += 1  # a mask-free step, counted as ready() counts it
+            cut = slice(k * bs, (k + 1) * bs)
+            draft = self._step(tokens[cut], filled[cut], edited[cut], confidence[cut])
+        return draft
+
+    def _step(self, tokens: list[int], filled: list[bool], edited: list[bool], confidence: list[float]) -> Draft:
+        """The active block's decisions of this forward: the canvas, the cache's valid prefix, the draft."""
         self.valid = self.lo if self.use_cache else 0
         lo, hi, bs = self.lo, self.hi, self.bs
         self.host[lo:hi] = tokens
         fills = [i for i in range(bs) if filled[i]]
         edits = [i for i in range(bs) if edited[i]]
-        self.result.steps += 1
         self.forwards += 1
         self.changed = bool(fills or edits)
         P, end = self.P, min(hi, self.P + self.settings.gen_length)
