@@ -5,7 +5,8 @@ Each keystroke is a didChange and an inlineCompletion (the previous request canc
 runs); a simulated user (training/eval_typing.py) takes a suggestion that matches the file's next
 characters with Tab with probability 1/2 (the accepted text inserted as one edit), else types on. The
 replay waits for every answer, but charges its time: keystrokes are paced at `--interval-ms` (120),
-and an answer that arrives after the next keystroke would have been typed counts as not shown.
+and an answer that arrives after the next keystroke would have been typed counts as not shown. Both
+configurations' servers run side by side, and each span is typed through one, then the other.
 Forwards per request come from the server's log line for the request; times from the client side.
 """
 
@@ -112,53 +113,70 @@ def position(text: str, offset: int) -> dict[str, int]:
     return {"line": line, "character": offset - (text.rfind("\n", 0, offset) + 1)}
 
 
-async def replay(command: list[str], spans, seed: int, interval: float, label: str) -> Replay:
+async def replay(commands: dict[str, list[str]], spans, seed: int, interval: float, label: str) -> dict[str, Replay]:
+    """Every span typed through each configuration's server, span by span in turn (the first of them
+    alternating), so a machine that speeds up or slows down during the run weighs on all alike; the
+    servers stay up for the whole split, each with its own caches."""
+    clients = {name: await _open(command) for name, command in commands.items()}
+    results = {name: Replay() for name in commands}
+    started = time.perf_counter()
+    for index, span in enumerate(spans):
+        names = list(commands) if index % 2 == 0 else list(commands)[::-1]
+        for name in names:
+            await _type(clients[name], index, span, seed, interval, results[name])
+        if (index + 1) % 20 == 0:
+            counts = ", ".join(f"{name} {len(r.keystrokes)}" for name, r in results.items())
+            print(f"[{label}: {index + 1}/{len(spans)} spans, keystrokes {counts}, "
+                  f"{time.perf_counter() - started:.0f}s]", file=sys.stderr, flush=True)  # fmt: skip
+    for client in clients.values():
+        await client.close()
+    return results
+
+
+async def _open(command: list[str]) -> StdioClient:
     client = await StdioClient.start(command)
     capabilities = {"general": {"positionEncodings": ["utf-32"]}, "experimental": {"lladaDrafts": True}}
     _, init = client.request("initialize", {"processId": os.getpid(), "rootUri": None, "capabilities": capabilities})
     await asyncio.wait_for(init, 120)
     client.notify("initialized", {})
     await _warm_up(client)
-    result = Replay()
-    started = time.perf_counter()
+    return client
+
+
+async def _type(client: StdioClient, index: int, span, seed: int, interval: float, result: Replay) -> None:
+    """One span typed by the simulated user, keystroke by keystroke, into `result`."""
+    uri, version = f"file:///eval-typing/{index}/{Path(span.path).name}", 1
+    text, cursor = span.before + span.after, len(span.before)
+    client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1,
+                                                            "text": text}})  # fmt: skip
+    user = User(result, seed, index, span)
     last: asyncio.Future | None = None
     last_id = 0
-    for index, span in enumerate(spans):
-        uri, version = f"file:///eval-typing/{index}/{Path(span.path).name}", 1
-        text, cursor = span.before + span.after, len(span.before)
-        client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1,
-                                                                "text": text}})  # fmt: skip
-        user = User(result, seed, index, span)
-        while not user.done:
-            inserted, keystroke = user.act()
-            at = position(text, cursor)
-            version += 1
-            client.notify("textDocument/didChange", {
-                "textDocument": {"uri": uri, "version": version},
-                "contentChanges": [{"range": {"start": at, "end": at}, "text": inserted}]})  # fmt: skip
-            text, cursor = text[:cursor] + inserted + text[cursor:], cursor + len(inserted)
-            if last is not None and not last.done():  # as an editor: the previous request is superseded
-                client.notify("$/cancelRequest", {"id": last_id})
-            sent = time.perf_counter()
-            last_id, last = client.request("textDocument/inlineCompletion", {
-                "textDocument": {"uri": uri}, "position": position(text, cursor),
-                "context": {"triggerKind": 2}})  # fmt: skip
-            arrived, message = await asyncio.wait_for(last, 120)
-            items = (message.get("result") or {}).get("items") or []
-            keystroke.answer = items[0]["insertText"] if items else ""
-            keystroke.final = arrived - sent
-            if keystroke.answer and last_id in client.first_shown:
-                keystroke.first_shown = min(client.first_shown.pop(last_id), arrived) - sent
-            elif keystroke.answer:
-                keystroke.first_shown = keystroke.final
-            keystroke.steps = await client.steps_of(last_id)
-            user.see(keystroke, interval)
-        client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
-        if (index + 1) % 20 == 0:
-            print(f"[{label}: {index + 1}/{len(spans)} spans, {len(result.keystrokes)} keystrokes, "
-                  f"{time.perf_counter() - started:.0f}s]", file=sys.stderr, flush=True)  # fmt: skip
-    await client.close()
-    return result
+    while not user.done:
+        inserted, keystroke = user.act()
+        at = position(text, cursor)
+        version += 1
+        client.notify("textDocument/didChange", {
+            "textDocument": {"uri": uri, "version": version},
+            "contentChanges": [{"range": {"start": at, "end": at}, "text": inserted}]})  # fmt: skip
+        text, cursor = text[:cursor] + inserted + text[cursor:], cursor + len(inserted)
+        if last is not None and not last.done():  # as an editor: the previous request is superseded
+            client.notify("$/cancelRequest", {"id": last_id})
+        sent = time.perf_counter()
+        last_id, last = client.request("textDocument/inlineCompletion", {
+            "textDocument": {"uri": uri}, "position": position(text, cursor),
+            "context": {"triggerKind": 2}})  # fmt: skip
+        arrived, message = await asyncio.wait_for(last, 120)
+        items = (message.get("result") or {}).get("items") or []
+        keystroke.answer = items[0]["insertText"] if items else ""
+        keystroke.final = arrived - sent
+        if keystroke.answer and last_id in client.first_shown:
+            keystroke.first_shown = min(client.first_shown.pop(last_id), arrived) - sent
+        elif keystroke.answer:
+            keystroke.first_shown = keystroke.final
+        keystroke.steps = await client.steps_of(last_id)
+        user.see(keystroke, interval)
+    client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
 
 
 async def _warm_up(client: StdioClient) -> None:
@@ -201,9 +219,8 @@ def eval_typing_main(argv: list[str] | None = None) -> int:
     results = {}
     for name, files in splits.items():
         spans = make_spans(files, args.chars, args.seed)
-        on = asyncio.run(replay(base, spans, args.seed, interval, f"{name}, revise on"))
-        off = asyncio.run(replay(base + ["--no-revise"], spans, args.seed, interval, f"{name}, revise off"))
-        results[name] = (scores(on), scores(off), paired_saved(on, off))
+        runs = asyncio.run(replay({"on": base, "off": base + ["--no-revise"]}, spans, args.seed, interval, name))
+        results[name] = (scores(runs["on"]), scores(runs["off"]), paired_saved(runs["on"], runs["off"]))
     print(
         f"eval-typing: model {args.model or 'embedded'}, {args.mode} mode, seed {args.seed}, "
         f"{args.interval_ms:.0f} ms per keystroke, {args.chars} characters per split, server threads {args.threads}"
