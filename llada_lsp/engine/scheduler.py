@@ -241,7 +241,9 @@ class Scheduler:
         bs = self.block_size
         spans = [entry.seq.queries() for entry in rows]
         width = max(hi - start for start, hi in spans)
-        D = max(hi - entry.seq.lo for entry, (_, hi) in zip(rows, spans))  # decided positions: a block, or a draft's
+        decided = [hi - entry.seq.lo for entry, (_, hi) in zip(rows, spans)]  # a block each, or a draft's blocks
+        D = max(decided)
+        outside = [D - n for n in decided]  # of the D decisions, those before the row's active block
         S = max(hi for _, hi in spans)
         B = len(rows)
         if self.cuda_graph:  # static shapes: a graph per (batch bucket, width, key bucket)
@@ -249,7 +251,7 @@ class Scheduler:
         seqs = [entry.seq for entry in rows]
         visible = len(rows) == B and all_visible([(e.pages, a, b) for e, (a, b) in zip(rows, spans)], width, bs)
         constrained = self.cuda_graph or any(seq.allowed_row is not None for seq in seqs)
-        ints, limits, allowed = self.inputs.fill(rows, spans, width, S, B, constrained, D)
+        ints, limits, allowed = self.inputs.fill(rows, spans, width, S, B, constrained, D, outside)
         if self.cuda_graph:
             packed = self._graphed(ints, limits, allowed, width, S, visible, D)
         else:  # flash-attn's varlen kernel where it runs and no row needs a mask (shapes follow the rows' ends)
@@ -262,12 +264,11 @@ class Scheduler:
                 varlen = Packed.of([(e.pages, a, b) for e, (a, b) in zip(rows, spans)], width, bs, self.model.device)
             packed = self._device_step(ints, limits, allowed, width, S, visible, D, varlen)
         host = packed.tolist()  # the one host read of the step (it waits for the forward)
-        for entry, (start, hi), row in zip(rows, spans, host):
+        for entry, (start, _), skip, row in zip(rows, spans, outside, host):
             if not row[4 * D]:
                 entry.seq.fail(BadLogits(f"the model produced NaN or infinite logits at step {entry.seq.result.steps + 1} "
                                          f"(block {entry.seq.b}): its weights or its precision are broken"))  # fmt: skip
                 continue
-            skip = D - (hi - entry.seq.lo)  # this row's own decisions are the last of the D
             confidence = [c / CONFIDENCE_SCALE for c in row[3 * D + skip : 4 * D]]
             draft = entry.seq.apply(start, row[skip:D], row[D + skip : 2 * D], row[2 * D + skip : 3 * D], confidence)
             events.append(Event(entry.id, draft=draft))
@@ -370,21 +371,23 @@ class StepInputs:
             self.buffers[key] = (host, host.to(self.device) if self.device.type != "cpu" else host)
         return self.buffers[key]
 
-    def fill(self, rows: list[_Entry], spans, width: int, S: int, B: int, constrained: bool, D: int):
+    def fill(self, rows: list[_Entry], spans, width: int, S: int, B: int, constrained: bool, D: int,
+             outside: list[int]):  # fmt: skip
         """-> (ints, limits, allowed [B, V] bool or None) on the device, for `rows` padded to B rows (a
         padding row: queries at 0..width-1 on the scratch page, all frozen, its decisions dropped); each
-        row decides the last D of its queries' positions (Scheduler._device_step)."""
+        row decides the last D of its queries' positions, the first `outside` of them not its own
+        (Scheduler._device_step)."""
         bs = rows[0].seq.bs
         n_pages = -(-S // bs)
         ints_h, ints_d = self._pair("ints", (B, width + 4 + 2 + n_pages), torch.int64)
         limits_h, limits_d = self._pair("limits", (B, 2), torch.float32)
         table = []
-        for entry, (start, hi) in zip(rows, spans):
+        for entry, (start, hi), skip in zip(rows, spans, outside):
             seq = entry.seq
             ids = seq.host[start:hi]
-            at, outside = seq.allowed_row, D - (hi - seq.lo)
+            at = seq.allowed_row
             table.append([0] * (width - len(ids)) + ids + [min(max(seq.P - seq.lo, 0), bs), seq.settings.mask_id,
-                          -1 if at is None else outside + at, outside,
+                          -1 if at is None else skip + at, skip,
                           *row_descriptor(entry.pages, start, hi, n_pages, bs)])  # fmt: skip
         scratch = row_descriptor([SCRATCH] * n_pages, 0, width, n_pages, bs)
         pad = [0] * width + [D, rows[0].seq.settings.mask_id, -1, 0, *scratch]
