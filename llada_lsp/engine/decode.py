@@ -8,6 +8,7 @@ Knows nothing of text, documents or the LSP.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -152,12 +153,11 @@ def generate(
     threshold: float = 0.5,
     editing_threshold: float = 0.0,
     block_length: int = 32,
-    max_post_steps: int = 16,
-    eos_early_stop: bool = False,
-    mask_id: int | None = None,
-    eos_id: int | None = None,
+    **settings: Any,
 ) -> GenerationResult:
-    """Blocking generation with the joint-threshold rule; None ids come from the checkpoint."""
+    """Blocking generation with the joint-threshold rule, called as the reference's `generate`.
+    `settings`: the rest of `Engine.settings` (`max_post_steps`, `eos_early_stop`, `mask_id`,
+    `eos_id`: None ids come from the checkpoint), with its defaults."""
     engine = Engine(model, block_size=block_length)
     policy = JointThreshold(threshold, editing_threshold)
-    return engine.generation(prompt_ids, gen_length, policy, max_post_steps, eos_early_stop, mask_id, eos_id).run()
+    return engine.generation(prompt_ids, gen_length, policy, **settings).run()
