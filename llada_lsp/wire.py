@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 
 import msgpack
 
-VERSION = 1
+VERSION = 2  # 2: done's `steps` became `step` (done is the last draft)
 MAX_FRAME = 16 * 2**20  # a 2 MB document's window is far smaller; anything this big is a broken peer
 MAX_ITEMS = 256  # entries in any map or list of a frame
 _HEADER = struct.Struct(">I")
@@ -157,23 +157,26 @@ class Cancel(Message):
 
 
 @dataclass(frozen=True)
-class Draft(Message):
-    """The text generated so far (infill: post-processed, sent when it changed; rewrite: empty)."""
+class Answer(Message):
+    """What the service says of a request's text: `step` denoising steps so far, the text they made."""
 
-    type: ClassVar[str] = "draft"
     id: int
     step: int
     text: str
 
 
 @dataclass(frozen=True)
-class Done(Message):
-    """A request's answer: the final text (as `draft`), the steps and seconds it took, and how it stopped."""
+class Draft(Answer):
+    """The text generated so far (infill: post-processed, sent when it changed; rewrite: empty)."""
+
+    type: ClassVar[str] = "draft"
+
+
+@dataclass(frozen=True)
+class Done(Answer):
+    """A request's answer: the final text, the steps (`step`) and seconds it took, how it stopped."""
 
     type: ClassVar[str] = "done"
-    id: int
-    text: str
-    steps: int
     seconds: float
     stopped: str  # as jobs.Outcome.stopped, but never "cancelled": a cancelled request answers `failed`
     reason: str = ""

@@ -61,7 +61,7 @@ SAMPLES = [
     ),
     wire.Cancel(1),
     wire.Draft(1, 3, "x + 1"),
-    wire.Done(1, "x + 1", 7, 0.25, "unit", tokens=3),
+    wire.Done(1, 7, "x + 1", 0.25, "unit", tokens=3),
     wire.Failed(None, "version", "this engine speaks protocol version 1"),
     wire.Failed(2, "too_long", "the selection is too long"),
     wire.Status("loading", "embedded", 70, "reading the tokenizer", None, 2, 1),

@@ -294,7 +294,7 @@ async def test_a_completion_sends_the_plans_prompt_ids_and_answers_the_post_proc
                 status = await wait_status(client, lambda s: s.state == "ready")
                 assert "sglang+" + fake.url in status.model
                 done = await ask(client, infill(client, RETURN))
-    assert (done.text, done.stopped, done.steps) == (" b  # the sum", "done", 1)
+    assert (done.text, done.stopped, done.step) == (" b  # the sum", "done", 1)
     body = fake.generated[0]
     plan = InfillPlan(tiny, Infill.at(RETURN + "\n", len(RETURN), "speed", 64, 1024), _Never())
     assert body["input_ids"] == plan.request.prompt_ids  # the same pipeline's prompt, as ids
@@ -353,7 +353,7 @@ async def test_streamed_blocks_arrive_as_drafts_then_the_answer(short_dir, tiny,
     assert len(drafts) == 2 and drafts[0] != drafts[1]
     assert first.startswith(drafts[0]) and drafts[0].startswith("total = 0\n")  # only what the first block holds
     assert drafts[-1] == done.text == BODY.rstrip()
-    assert done.steps == 2
+    assert done.step == 2
 
 
 async def test_cancel_answers_at_once_and_asks_sglang_to_abort_the_request(short_dir, tiny):

@@ -118,9 +118,9 @@ def _ask_fields(ask: wire.RewriteAsk) -> dict:
 
 
 def outcome_of(done: wire.Done) -> Outcome:
-    return Outcome(done.text, done.steps, done.seconds, done.stopped, done.reason, done.tokens)
+    return Outcome(done.text, done.step, done.seconds, done.stopped, done.reason, done.tokens)
 
 
 def done_of(request_id: int, outcome: Outcome) -> wire.Done:
-    return wire.Done(request_id, outcome.text, outcome.steps, outcome.seconds, outcome.stopped, outcome.reason,
+    return wire.Done(request_id, outcome.steps, outcome.text, outcome.seconds, outcome.stopped, outcome.reason,
                      outcome.tokens)  # fmt: skip
