@@ -13,6 +13,7 @@ import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from itertools import accumulate
+from os.path import commonprefix  # character by character: the text both show
 
 from ..errors import Refused
 from .generation import Draft, Flag, GenerationRequest, LoadedModel, Result, check_request
@@ -102,7 +103,7 @@ class InfillPlan(Plan):
             healed.ids, self.gen_length, job.mode, codec.special.mask, codec.special.eos, cancel=self.stop,
             init_ids=init_ids, first_allowed=healed.allowed, priority=0,
         ), model.max_positions)  # fmt: skip
-        # A warm start expects its draft back: the first step that shows it unchanged and complete ends it.
+        # A warm start is one denoising step over the suggestion (see on_draft); shown until then: the draft.
         self.shown: str | None = job.draft if init_ids else None
         self.confidence: list[float] = []  # the last draft's
 
@@ -118,6 +119,13 @@ class InfillPlan(Plan):
         init = self.request.init_ids or ()
         if len(filled) == len(draft.generated) < len(init) and not completion.complete:
             completion = self._sure(self._completion(filled + list(init[len(filled) :])), filled, draft.confidence)
+        if init:
+            # A revision takes one step: the keystrokes that follow are the steps after it, each from this
+            # answer. Its answer is the step's unit where complete (the draft confirmed or revised), else
+            # (the model grew the unit past the draft) the part of the draft the step kept.
+            if not completion.complete:
+                completion = Completion(commonprefix([completion.text, self.shown or ""]), False)
+            self.stop.enough = True
         changed = completion.text != self.shown or draft.step == 1
         self.shown = completion.text
         return draft.step, self.shown if changed else None
