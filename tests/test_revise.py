@@ -13,7 +13,7 @@ import pytest
 from llada_lsp import wire
 from llada_lsp.backends.native import load
 from llada_lsp.completion import pipeline
-from llada_lsp.completion.generation import ModelSpec
+from llada_lsp.completion.generation import Draft, ModelSpec, Result
 from llada_lsp.completion.jobs import Infill, from_wire, to_wire
 from llada_lsp.completion.pipeline import InfillPlan, run_infill
 from llada_lsp.server.suggestions import Revision, Suggestions
@@ -114,11 +114,30 @@ def test_a_warm_start_begins_from_the_suggestion_and_its_answer_follows_the_type
         assert not now[:cursor].endswith(canvas), "the typed text is not in the canvas"
         warm, cold = complete(model, job), complete(model, Infill.at(now, cursor, "speed"))
         warm_steps, cold_steps = warm_steps + warm.steps, cold_steps + cold.steps
+        assert warm.steps == 1, "a revision is one denoising step"
         if warm.text == rest and warm.steps == 1:
             confirmed += 1
         assert not warm.text.startswith(first.text[:k]) or not first.text[:k].strip(), "never repeats the typed text"
     assert warm_steps * 3 <= cold_steps, (warm_steps, cold_steps)
     assert confirmed >= spots // 2, confirmed
+
+
+@pytest.mark.parametrize(("step", "answer"), [
+    ("14 * r * r\n", "14 * r * r"),  # confirmed
+    ("14 * r ** 2\n", "14 * r ** 2"),  # revised, complete: the revision
+    ("14 * r * r +", "14 * r * r"),  # grown past the suggestion's end: the part it kept
+    ("15 + r", "1"),  # revised and grown: the part it kept
+])  # fmt: skip
+def test_a_revision_answers_after_one_step(model, step, answer):
+    """The first step ends a revision (the keystrokes after it are its next steps): its complete unit,
+    or, where it grew the unit past the suggestion, the common part of the two (nothing new, unconfirmed)."""
+    plan = InfillPlan(model, Infill.at(typed("3."), CURSOR + 2, "speed", draft="14 * r * r", typed=2), Never())
+    codec = model.codec
+    ids = codec.encode(plan.heal_text + step)
+    ids += [codec.special.mask] * (plan.gen_length - len(ids))
+    assert plan.on_draft(Draft(1, ids)) == (1, answer)
+    assert plan.stop.is_set(), "no second step"
+    assert plan.finish(Result(ids, 1, 0.01, cancelled=True)).text == answer
 
 
 @pytest.mark.parametrize("sure", [True, False])
