@@ -235,6 +235,17 @@ class Front:
         self.client.initialized(t.InitializedParams())
         self.client.text_document_did_open(t.DidOpenTextDocumentParams(t.TextDocumentItem(self.uri, "python", 1, text)))
 
+    async def ready(self, timeout: float = 300.0) -> None:
+        """Until the model is loaded: while it loads, the server answers completions at once with nothing."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = await self.client.workspace_execute_command_async(t.ExecuteCommandParams("llada.status"))
+            if status["state"] == "ready":
+                return
+            if status["state"] in ("error", "unavailable", "not responding") or time.monotonic() > deadline:
+                raise RuntimeError(f"the {self.label} server is not ready: {status}")
+            await asyncio.sleep(0.1)
+
     def ask(self, line: int, character: int, msg_id: int):
         params = t.InlineCompletionParams(
             text_document=t.TextDocumentIdentifier(self.uri), position=t.Position(line, character),
@@ -278,7 +289,8 @@ async def run(start: str, keys: list[Keystroke], args) -> tuple[list[Front], Tim
             fronts.append(Front("service", service.address))
             await fronts[-1].start(start, args)
         for front in fronts:
-            await front.ask(0, 0, 0)  # waits for the model to load; not measured
+            await front.ready()
+            await front.ask(0, 0, 0)  # a warm-up, not measured
 
         ref = Timing()
         for i, key in enumerate(keys, start=1):
