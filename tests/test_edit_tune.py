@@ -48,7 +48,9 @@ def test_a_served_example_is_the_servers_prompt_and_the_revised_window():
     expected = current.replace("x = total", "x = amount")
     case = {"before": before, "history": rename, "cursor": 12, "expected": expected}
     ex = served_example(case, codec, 512, 1024)
-    assert codec.decode(ex.init) == current  # the whole small file is the window
+    eos = codec.special.eos
+    assert codec.decode([t for t in ex.init if t != eos]) == current  # the whole small file is the window
+    assert len(ex.init) == len(ex.target) and ex.init[-1] == eos  # then end-of-text, the room to grow
     assert codec.decode([t for t in ex.target if t != codec.special.eos]) == expected
     assert "amount" in codec.decode(ex.prompt)  # the history's diff is in the prompt
     assert codec.special.eos in ex.target and len(ex.target) >= len(ex.init)

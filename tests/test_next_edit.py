@@ -144,7 +144,10 @@ def test_the_prompt_carries_the_recent_edits_and_the_window_is_the_draft(codec):
     start, end = edit_window(SOURCE, at)
     p = next_edit_prompt([diff], SOURCE[:start], SOURCE[start:end], SOURCE[end:], codec, 512, 1024)
     assert p.prompt.layout == "fim" and p.history == (diff,)
-    assert p.init_ids == codec.encode(SOURCE[start:end]) and p.gen_length > len(p.init_ids)
+    window = codec.encode(SOURCE[start:end])
+    assert p.init_ids[: len(window)] == window and p.gen_length == len(p.init_ids) > len(window)
+    assert set(p.init_ids[len(window) :]) == {codec.special.eos}, "the room to grow is end-of-text, not masks"
+    assert (len(p.prompt.ids) + p.gen_length) % 32 == 0, "the region ends with its block: no mask left after it"
     assert codec.decode(p.prompt.ids).endswith(diff + SOURCE[:start])
     bare = next_edit_prompt([], SOURCE[:start], SOURCE[start:end], SOURCE[end:], codec, 512, 1024)
     assert "@@" not in codec.decode(bare.prompt.ids)
@@ -265,7 +268,8 @@ def test_the_embedded_model_answer_is_well_formed(codec, one_torch_thread):
     model = native.load(ModelSpec(None, threads=1), lambda *_: None)
     doc, cursor = renamed_source(codec)
     job, start, plan, out = run(model, doc.text, cursor, doc.history)
-    assert plan.request.init_ids == codec.encode(job.window) and plan.request.priority == 2
+    assert plan.request.init_ids[: len(codec.encode(job.window))] == codec.encode(job.window)
+    assert codec.special.mask not in plan.request.init_ids and plan.request.priority == 2
     assert out.stopped in ("done", "unchanged", "refused") and out.steps >= 1
     if out.stopped == "done":
         found = changes(job.window, out.text)
@@ -328,7 +332,9 @@ def test_a_chat_model_reads_the_edits_and_the_window_in_words(codec):
     text = chat.decode(p.prompt.ids)
     assert p.prompt.layout == "chat" and "```diff\n" + diff + "```" in text
     assert "The code at <HOLE> is now:\n```\n" + SOURCE[start:end] in text and "<role>ASSISTANT</role>" in text
-    assert SOURCE[:start] + "<HOLE>" + SOURCE[end:] in text and p.init_ids == chat.encode(SOURCE[start:end])
+    assert SOURCE[:start] + "<HOLE>" + SOURCE[end:] in text
+    window = chat.encode(SOURCE[start:end])
+    assert p.init_ids[: len(window)] == window and set(p.init_ids[len(window) :]) == {chat.special.eos}
 
 
 def test_the_next_edit_settings_parse_with_their_defaults():

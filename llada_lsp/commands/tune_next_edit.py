@@ -69,9 +69,7 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
     cases = list(read_jsonl_gz(args.cases))
     rng = random.Random(args.seed)
     examples = [
-        e
-        for c in cases
-        if (e := served_example(c, codec, seq_len, 1024, history=rng.random() >= args.no_history_share))
+        e for c in cases if (e := served_example(c, codec, seq_len, 1024, rng.random() >= args.no_history_share, block))
     ]
     print(
         f"{len(examples)} edit examples of {len(cases)} cases "

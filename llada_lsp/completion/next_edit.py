@@ -44,10 +44,8 @@ MODE = "quality"
 
 
 def grow_room(window_tokens: int) -> int:
-    """Masks after the window: the most a suggestion may grow it by. Few: measured on the embedded
-    model, every block of the window settles in one step while the masks take one or two steps each
-    (a rewrite's eighth, ~18 masks for a 21-line window, was 90% of a suggestion's forwards), and what
-    a model writes there is mostly the code that follows, which is no edit."""
+    """Positions after the window: the most a suggestion may grow it by. Few: what a model writes there
+    is mostly the code that follows, which is no edit."""
     return max(4, window_tokens // 32)  # speed's editing threshold 0 follows every argmax: it rewrites whole windows
 
 
@@ -70,8 +68,8 @@ def edit_diff(old_lines: str, new_lines: str, line: int, accepted: bool = False)
 @dataclass(frozen=True)
 class NextEditPrompt:
     prompt: InfillPrompt  # prefix/suffix: the text kept around the window
-    init_ids: list[int]  # the window, the draft the engine starts from
-    gen_length: int  # the window plus a little room to grow
+    init_ids: list[int]  # the draft the engine starts from: the window's ids, then end-of-text to gen_length
+    gen_length: int  # the window plus a little room to grow, to the end of the last block
     history: tuple[str, ...]  # the edits that fit, oldest first
 
 
@@ -81,7 +79,7 @@ def history_text(history: tuple[str, ...] | list[str]) -> str:
 
 
 def next_edit_prompt(history: tuple[str, ...] | list[str], before: str, window: str, after: str, codec: TextCodec,
-                     max_positions: int, context_tokens: int) -> NextEditPrompt:  # fmt: skip
+                     max_positions: int, context_tokens: int, block_size: int = 32) -> NextEditPrompt:  # fmt: skip
     """The prompt of a next edit, for serving and for training alike (a pure function).
 
     `history`: the recent edits as `edit_diff` texts, oldest first (an empty one: no history, the
@@ -92,12 +90,19 @@ def next_edit_prompt(history: tuple[str, ...] | list[str], before: str, window: 
       before the code, as the newest text the model reads.
     - chat (LLaDA2.1): the edits and the window in words, the code with `<HOLE>` where the window is.
     The newest edits are kept within 1/HISTORY_SHARE of the budget; the window itself is never cut
-    (SelectionTooLong from the caller's limits when it cannot fit)."""
-    init_ids = codec.encode(window)
-    gen_length = len(init_ids) + grow_room(len(init_ids))
+    (SelectionTooLong from the caller's limits when it cannot fit).
+
+    The draft is the window's ids, then end-of-text (not masks) as the room to grow, to the end of the
+    block the generated region ends in (`block_size`: the model's): no position of the canvas is a mask,
+    so a window the model keeps is confirmed in a forward per few blocks. With masks there (the room and
+    the block's rest past the region, which the engine decodes too), the last block filled them one per
+    forward at quality's threshold: 10-26 of a suggestion's ~20 forwards on the embedded model. Growing
+    the window is an edit of an end-of-text, as any other token's."""
+    window_ids = codec.encode(window)
+    gen_length = len(window_ids) + grow_room(len(window_ids))
     min_prompt = min(64, max_positions // 4)
     if gen_length > max_positions - min_prompt:
-        raise SelectionTooLong(f"the window is {len(init_ids)} tokens; this model revises at most "
+        raise SelectionTooLong(f"the window is {len(window_ids)} tokens; this model revises at most "
                                f"{max(0, (max_positions - min_prompt) * 4 // 5)}")  # fmt: skip
     budget = min(context_tokens, max_positions - gen_length)
     kept: list[str] = []
@@ -121,6 +126,9 @@ def next_edit_prompt(history: tuple[str, ...] | list[str], before: str, window: 
                 + f"The code at <HOLE> is now:\n```\n{window}\n```\nRewrite it with the edit the user is most "
                 "likely to make next (keep it as it is if none). Answer with the code only, no explanation.")  # fmt: skip
         prompt = infill_prompt(before, after, codec, budget, task)
+    P = len(prompt.ids)
+    gen_length = min(gen_length + (-(P + gen_length)) % block_size, max_positions - P)
+    init_ids = window_ids + [codec.special.eos] * (gen_length - len(window_ids))
     return NextEditPrompt(prompt, init_ids, gen_length, tuple(kept))
 
 
@@ -337,7 +345,7 @@ class NextEditPlan(Plan):
         # Lines of long windows the model cannot take are left as they are: context around what it revises.
         self.head, self.inner, self.tail = fit_window(job.window, codec, min(WINDOW_TOKENS, model.max_positions // 3))
         self.prompt = next_edit_prompt(job.history, job.before + self.head, self.inner, self.tail + job.after, codec,
-                                       model.max_positions, job.context_tokens)  # fmt: skip
+                                       model.max_positions, job.context_tokens, model.block_size)  # fmt: skip
         self.started = time.perf_counter()
         self.request = check_request(GenerationRequest(
             self.prompt.prompt.ids, self.prompt.gen_length, job.mode, codec.special.mask, codec.special.eos,

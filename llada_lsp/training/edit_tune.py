@@ -8,8 +8,8 @@ no-edit case). Examples whose expected edit falls outside the window, or whose t
 generated region, are left out.
 
 The objective is the one decoding meets: the generated region starts from the window's own tokens
-(then masks, the room to grow), as the engine's draft does, with some steps' worth of extra masks on
-top; every generated position is labelled with the target (weight 1 where the input differs from it,
+(then end-of-text, the room to grow), as the engine's draft does, half the time with some steps' worth
+of masks on top; every generated position is labelled with the target (weight 1 where the input differs from it,
 `keep_weight` where it already matches: an unchanged window is the "no edit" answer), earlier blocks
 clean as committed. The infill half of each step is the shipped model's objective (objective.py).
 """
@@ -29,12 +29,12 @@ from .eval_next_edit import changed_region
 @dataclass(frozen=True)
 class EditExample:
     prompt: list[int]
-    init: list[int]  # the window's ids: the draft decoding starts from
+    init: list[int]  # the draft decoding starts from: the window's ids, then end-of-text (next_edit_prompt)
     target: list[int]  # the revised window's ids, then end-of-text to the generated region's length
 
 
 def served_example(
-    case: dict, codec: TextCodec, max_positions: int, context_tokens: int, history: bool = True
+    case: dict, codec: TextCodec, max_positions: int, context_tokens: int, history: bool = True, block_size: int = 32
 ) -> EditExample | None:
     """The case as the server would prompt for it (None: it cannot be one, see the module's doc)."""
     from ..completion.next_edit import (  # the server side's, so both agree
@@ -67,7 +67,9 @@ def served_example(
             return None
         revised = text[start:p] + new + text[q:end]
     try:
-        prompt = next_edit_prompt(job.history, job.before, job.window, job.after, codec, max_positions, context_tokens)
+        prompt = next_edit_prompt(
+            job.history, job.before, job.window, job.after, codec, max_positions, context_tokens, block_size
+        )
     except SelectionTooLong:
         return None
     target = codec.encode(revised)
@@ -89,7 +91,7 @@ def edit_batch(
     rng: random.Random,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(clean x, noisy, weights), each [B, seq_len]: prompt then target in x; prompt then the draft
-    (window ids, masks to the region's end, some positions masked further) in noisy; weights only on
+    (the served draft, half the time with some positions masked) in noisy; weights only on
     the generated region. Sequences are padded with end-of-text (weight 0)."""
     xs, noisies, weights = [], [], []
     for ex in examples:
