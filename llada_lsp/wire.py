@@ -145,6 +145,7 @@ class NextEdit(Message):
     last_old: str | None = None
     last_new: str | None = None
     drafts: bool = False  # send a `draft` frame per denoising step, with empty text (progress only)
+    cursor: int | None = None  # the cursor's offset in `window`: where the draft leaves room to insert
 
 
 @dataclass(frozen=True)

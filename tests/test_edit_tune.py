@@ -48,13 +48,37 @@ def test_a_served_example_is_the_servers_prompt_and_the_revised_window():
     expected = current.replace("x = total", "x = amount")
     case = {"before": before, "history": rename, "cursor": 12, "expected": expected}
     ex = served_example(case, codec, 512, 1024)
-    eos = codec.special.eos
-    assert codec.decode([t for t in ex.init if t != eos]) == current  # the whole small file is the window
+    eos, gap = codec.special.eos, codec.special.fim_suffix
+
+    def text(ids):
+        return codec.decode([t for t in ids if t not in (eos, gap)])
+
+    assert text(ex.init) == current  # the whole small file is the window
+    assert ex.init.count(gap) == 8 and codec.decode(ex.init).startswith(current[:12] + "<|fim_suffix|>")
     assert len(ex.init) == len(ex.target) and ex.init[-1] == eos  # then end-of-text, the room to grow
-    assert codec.decode([t for t in ex.target if t != codec.special.eos]) == expected
+    assert text(ex.target) == expected
     assert "amount" in codec.decode(ex.prompt)  # the history's diff is in the prompt
     assert codec.special.eos in ex.target and len(ex.target) >= len(ex.init)
     silent = served_example({**case, "expected": None}, codec, 512, 1024)
-    assert codec.decode([t for t in silent.target if t != codec.special.eos]) == current
+    assert silent.target == silent.init  # no edit: the draft as it is, gap included
     plain = served_example(case, codec, 512, 1024, history=False)
     assert len(plain.prompt) < len(ex.prompt)
+
+
+def test_the_target_fills_the_gap_only_with_an_insertion_at_the_cursor():
+    from llada_lsp.completion.codec import TextCodec
+    from llada_lsp.model import load_tokenizer
+    from llada_lsp.training.edit_tune import aligned, gapped
+
+    window = "x = 1\ny = \nz = 3\n"
+    cursor = window.index("y = ") + 4
+    assert aligned(window, cursor, cursor, cursor, "2") == ("x = 1\ny = ", "2", "\nz = 3\n")
+    assert aligned(window, cursor, 4, 5, "7") == ("x = 7\ny = ", "", "\nz = 3\n")  # above: its own side
+    assert aligned(window, cursor, 15, 16, "9") == ("x = 1\ny = ", "", "\nz = 9\n")  # below
+    assert aligned(window, cursor, 2, cursor + 1, "= 0\n") == ("x = 0\n", "", "z = 3\n")  # across the cursor
+    codec = TextCodec.from_tokenizer(load_tokenizer(None))
+    gap, two = codec.special.fim_suffix, codec.encode("2")
+    ids = gapped(("x = ", "2", "\n"), codec)
+    assert ids == codec.encode("x = ") + two + [gap] * (8 - len(two)) + codec.encode("\n")
+    long = "".join(f"v{i} + " for i in range(12))
+    assert gap not in gapped(("x = ", long, "\n"), codec)  # longer than the gap: the rest shifts

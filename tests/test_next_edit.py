@@ -13,11 +13,13 @@ import pytest
 
 from llada_lsp.completion.generation import Draft, LoadedModel, ModelSpec, Result
 from llada_lsp.completion.next_edit import (
+    GAP_TOKENS,
     MAX_MEAN_REWRITES,
     NextEdit,
     NextEditPlan,
     apply_changes,
     changes,
+    draft_ids,
     edit_diff,
     edit_window,
     next_edit_prompt,
@@ -173,7 +175,7 @@ def scripted(codec: TextCodec, answer=None, drafts: list[list[int]] | None = Non
 
     class Batch:
         def generate(self, request):
-            window = codec.decode(request.init_ids)
+            window = scripted_next_edit.window_of(codec, request.init_ids)
             text = scripted_next_edit.answer(codec.decode(request.prompt_ids), window) if answer is None else answer
             ids = codec.encode(text)[: request.gen_length]
             for i, d in enumerate(drafts or []):
@@ -268,7 +270,8 @@ def test_the_embedded_model_answer_is_well_formed(codec, one_torch_thread):
     model = native.load(ModelSpec(None, threads=1), lambda *_: None)
     doc, cursor = renamed_source(codec)
     job, start, plan, out = run(model, doc.text, cursor, doc.history)
-    assert plan.request.init_ids[: len(codec.encode(job.window))] == codec.encode(job.window)
+    draft = draft_ids(job.window, job.cursor, codec)
+    assert plan.request.init_ids[: len(draft)] == draft and draft.count(codec.special.fim_suffix) == GAP_TOKENS
     assert codec.special.mask not in plan.request.init_ids and plan.request.priority == 2
     assert out.stopped in ("done", "unchanged", "refused") and out.steps >= 1
     if out.stopped == "done":
@@ -316,7 +319,8 @@ def test_a_long_window_is_cut_to_its_middle_lines_and_the_rest_kept_as_is(codec)
     at = window.index("value_10 ")
     doc.change(at, at + 8, "v10")
     job, start, plan, out = run(model, doc.text, at, doc.history)
-    assert len(plan.request.init_ids) <= 200 // 3 and plan.head and plan.tail
+    special = (codec.special.eos, codec.special.fim_suffix)
+    assert len([t for t in plan.request.init_ids if t not in special]) <= 200 // 3 and plan.head and plan.tail
     assert out.stopped == "unchanged"  # the scripted model saw a rename to nothing else in the middle lines
 
 
@@ -358,3 +362,35 @@ def test_changes_of_blanks_alone_are_never_suggested(codec):
     job, start, _, out = run(scripted(codec, both), doc.text, cursor, doc.history)
     assert out.stopped == "done" and out.text == window.replace("count", "acc")
     assert [c.text for c in changes(job.window, out.text)] == ["acc", "acc"]
+
+
+def test_the_draft_leaves_a_gap_at_the_cursor_and_an_insertion_there_is_suggested(codec):
+    """Positions of a draft are fixed: an insertion at the cursor (the rest of what the user started
+    typing) fills the gap there instead of shifting every token after it; a gap left as it is is nothing."""
+    text = "def area(w, h):\n    return w * \n\n\nprint(area(2, 3))\n"
+    cursor = text.index("w * ") + 4
+    job, start = NextEdit.at(text, cursor, (), None, 1024, True)
+    assert job.window[job.cursor :].startswith("\n\n\nprint")
+    draft = draft_ids(job.window, job.cursor, codec)
+    gap = codec.special.fim_suffix
+    at = len(codec.encode(job.window[: job.cursor]))
+    assert draft[at : at + GAP_TOKENS] == [gap] * GAP_TOKENS and gap not in draft[at + GAP_TOKENS :]
+
+    class Filling:
+        def generate(self, request):  # fills the gap with "h" and keeps the rest of the draft
+            ids = list(request.init_ids)
+            ids[ids.index(gap)] = codec.encode("h")[0]
+            yield Draft(1, ids)
+            return Result(ids, 1, 0.0)
+
+    model = LoadedModel(ModelSpec(None), codec, 512, 32, Filling())
+    out = NextEditPlan(model, job, threading.Event()).run(model, lambda *_: None)
+    assert out.stopped == "done" and out.text == job.window[: job.cursor] + "h" + job.window[job.cursor :]
+
+    class Keeping:
+        def generate(self, request):  # the draft as it is, gap included
+            yield Draft(1, list(request.init_ids))
+            return Result(list(request.init_ids), 1, 0.0)
+
+    kept = LoadedModel(ModelSpec(None), codec, 512, 32, Keeping())
+    assert NextEditPlan(kept, job, threading.Event()).run(kept, lambda *_: None).stopped == "unchanged"

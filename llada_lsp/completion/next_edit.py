@@ -39,6 +39,7 @@ MAX_DELETE_SHARE = 0.25  # a suggestion that removes more than this share of the
 # a mean of exactly 1 (each changed position written once, never revised). The proxy does not tell
 # them apart; this bound only silences a model that flip-flops. The real gate needs confidences.
 MAX_MEAN_REWRITES = 2.0
+GAP_TOKENS = 8  # positions left at the cursor for an insertion (FIM layout): the draft's room to insert there
 WINDOW_TOKENS = 512  # a window's most tokens, and at most a third of the model's positions (the rest: context)
 MODE = "quality"
 
@@ -47,6 +48,25 @@ def grow_room(window_tokens: int) -> int:
     """Positions after the window: the most a suggestion may grow it by. Few: what a model writes there
     is mostly the code that follows, which is no edit."""
     return max(4, window_tokens // 32)  # speed's editing threshold 0 follows every argmax: it rewrites whole windows
+
+
+def gap_id(codec: TextCodec) -> int | None:
+    """The id of the draft's gap positions (`<|fim_suffix|>`, never written inside a middle: "nothing
+    here"), or None for a layout without FIM tokens, whose drafts have no gap."""
+    return codec.special.fim_suffix if codec.special.has_fim else None
+
+
+def draft_ids(window: str, cursor: int | None, codec: TextCodec) -> list[int]:
+    """The window's ids with GAP_TOKENS gap ids at `cursor` (its offset in the window; None: no gap).
+
+    A draft's positions are fixed: an edit that inserts text shifts every token after it, which the
+    model must then rewrite one by one. Most next edits insert, and the commonest place is the cursor
+    (the rest of what the user started typing: 126 of the 280 held-out edits), so the draft leaves room
+    there; a gap the model leaves as it is is nothing. Training builds the same drafts (edit_tune)."""
+    gap = gap_id(codec)
+    if cursor is None or gap is None:
+        return codec.encode(window)
+    return codec.encode(window[:cursor]) + [gap] * GAP_TOKENS + codec.encode(window[cursor:])
 
 
 class NotSupported(Refused):
@@ -68,7 +88,7 @@ def edit_diff(old_lines: str, new_lines: str, line: int, accepted: bool = False)
 @dataclass(frozen=True)
 class NextEditPrompt:
     prompt: InfillPrompt  # prefix/suffix: the text kept around the window
-    init_ids: list[int]  # the draft the engine starts from: the window's ids, then end-of-text to gen_length
+    init_ids: list[int]  # the draft the engine starts from: draft_ids, then end-of-text to gen_length
     gen_length: int  # the window plus a little room to grow, to the end of the last block
     history: tuple[str, ...]  # the edits that fit, oldest first
 
@@ -79,7 +99,8 @@ def history_text(history: tuple[str, ...] | list[str]) -> str:
 
 
 def next_edit_prompt(history: tuple[str, ...] | list[str], before: str, window: str, after: str, codec: TextCodec,
-                     max_positions: int, context_tokens: int, block_size: int = 32) -> NextEditPrompt:  # fmt: skip
+                     max_positions: int, context_tokens: int, block_size: int = 32,
+                     cursor: int | None = None) -> NextEditPrompt:  # fmt: skip
     """The prompt of a next edit, for serving and for training alike (a pure function).
 
     `history`: the recent edits as `edit_diff` texts, oldest first (an empty one: no history, the
@@ -98,7 +119,7 @@ def next_edit_prompt(history: tuple[str, ...] | list[str], before: str, window: 
     the block's rest past the region, which the engine decodes too), the last block filled them one per
     forward at quality's threshold: 10-26 of a suggestion's ~20 forwards on the embedded model. Growing
     the window is an edit of an end-of-text, as any other token's."""
-    window_ids = codec.encode(window)
+    window_ids = draft_ids(window, cursor, codec)
     gen_length = len(window_ids) + grow_room(len(window_ids))
     min_prompt = min(64, max_positions // 4)
     if gen_length > max_positions - min_prompt:
@@ -278,6 +299,7 @@ class NextEdit:
     context_tokens: int
     python: bool = False
     mode: str = MODE
+    cursor: int | None = None  # the cursor's offset in `window` (the draft's gap: draft_ids)
 
     @classmethod
     def at(cls, text: str, cursor: int, history: tuple[str, ...], last: tuple[int, str, str] | None,
@@ -290,7 +312,8 @@ class NextEdit:
         edit = None
         if last is not None and lo <= last[0] <= end + len(after):
             edit = LastEdit(last[0] - lo, last[1], last[2])
-        return cls(before, text[start:end], after, tuple(history), edit, context_tokens, python), start
+        job = cls(before, text[start:end], after, tuple(history), edit, context_tokens, python, cursor=cursor - start)
+        return job, start
 
 
 def to_wire(job: NextEdit, request_id: int, key: str, drafts: bool) -> wire.NextEdit:
@@ -298,15 +321,17 @@ def to_wire(job: NextEdit, request_id: int, key: str, drafts: bool) -> wire.Next
     last = job.last
     return wire.NextEdit(request_id, key, s(job.before), s(job.window), s(job.after), [s(h) for h in job.history],
                          job.mode, job.context_tokens, job.python, last.start if last else None,
-                         s(last.old) if last else None, s(last.new) if last else None, drafts)  # fmt: skip
+                         s(last.old) if last else None, s(last.new) if last else None, drafts,
+                         len(s(job.window[: job.cursor])) if job.cursor is not None else None)  # fmt: skip
 
 
 def from_wire(request: wire.NextEdit) -> NextEdit:
     last = None
     if request.last_start is not None:
         last = LastEdit(request.last_start, request.last_old or "", request.last_new or "")
+    cursor = request.cursor if request.cursor is not None and 0 <= request.cursor <= len(request.window) else None
     return NextEdit(request.before, request.window, request.after, tuple(request.history), last,
-                    request.context_tokens, request.python, request.mode)  # fmt: skip
+                    request.context_tokens, request.python, request.mode, cursor)  # fmt: skip
 
 
 def fit_window(window: str, codec: TextCodec, max_tokens: int) -> tuple[str, str, str]:
@@ -344,8 +369,10 @@ class NextEditPlan(Plan):
         self.codec, self.job = codec, job
         # Lines of long windows the model cannot take are left as they are: context around what it revises.
         self.head, self.inner, self.tail = fit_window(job.window, codec, min(WINDOW_TOKENS, model.max_positions // 3))
+        cursor = None if job.cursor is None else job.cursor - len(self.head)
         self.prompt = next_edit_prompt(job.history, job.before + self.head, self.inner, self.tail + job.after, codec,
-                                       model.max_positions, job.context_tokens, model.block_size)  # fmt: skip
+                                       model.max_positions, job.context_tokens, model.block_size,
+                                       cursor if cursor is not None and 0 <= cursor <= len(self.inner) else None)  # fmt: skip
         self.started = time.perf_counter()
         self.request = check_request(GenerationRequest(
             self.prompt.prompt.ids, self.prompt.gen_length, job.mode, codec.special.mask, codec.special.eos,
@@ -369,13 +396,14 @@ class NextEditPlan(Plan):
 
     def mean_rewrites(self, final: list[int]) -> float:
         """Mean rewrites of the positions whose final id differs from the window's."""
-        init = self.prompt.init_ids  # grown positions were masks: filled, never rewritten, not counted
+        init = self.prompt.init_ids
         changed = [i for i, t in enumerate(final[: len(init)]) if t != init[i]]
         return sum(self._rewrites[i] for i in changed) / len(changed) if changed else 0.0
 
     def revised(self, tokens: list[int]) -> str:
         codec = self.codec
-        raw, _ = codec.text_of([t for t in tokens if t != codec.special.mask])
+        gap = gap_id(codec)
+        raw, _ = codec.text_of([t for t in tokens if t != codec.special.mask and t != gap])
         raw = strip_special(raw)
         if self.prompt.prompt.layout == "chat":
             raw, _ = unfence(raw, True)

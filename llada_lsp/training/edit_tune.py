@@ -3,8 +3,9 @@
 An example is a mined case (training/edit_pairs.py) turned into exactly what the server builds for it:
 the case's history replayed through the server's edit history (server/history.py: coalesced as the
 server coalesces them), the window and prompt of completion/next_edit.py (`NextEdit.at`,
-`next_edit_prompt`), and as the target the window after the expected edit (the window itself for a
-no-edit case). Examples whose expected edit falls outside the window, or whose target does not fit the
+`next_edit_prompt`, the draft with its gap at the cursor), and as the target the window after the
+expected edit over the same positions (an insertion at the cursor fills the gap; the window itself
+for a no-edit case). Examples whose expected edit falls outside the window, or whose target does not fit the
 generated region, are left out.
 
 The objective is the one decoding meets: the generated region starts from the window's own tokens
@@ -58,27 +59,54 @@ def served_example(
         context_tokens,
         True,
     )
-    end = start + len(job.window)
+    window, cursor = job.window, job.cursor
     if case["expected"] is None:
-        revised = job.window
+        parts = (window[:cursor], "", window[cursor:])
     else:
         p, q, new = changed_region(text, case["expected"])
-        if p < start or q > end:
+        p, q = p - start, q - start
+        if p < 0 or q > len(window):
             return None
-        revised = text[start:p] + new + text[q:end]
+        parts = aligned(window, cursor, p, q, new)
     try:
-        prompt = next_edit_prompt(
-            job.history, job.before, job.window, job.after, codec, max_positions, context_tokens, block_size
-        )
+        prompt = next_edit_prompt(job.history, job.before, window, job.after, codec, max_positions, context_tokens,
+                                  block_size, cursor)  # fmt: skip
     except SelectionTooLong:
         return None
-    target = codec.encode(revised)
+    target = gapped(parts, codec)
     if len(target) > prompt.gen_length or len(prompt.prompt.ids) + prompt.gen_length > max_positions:
         return None
     eos = codec.special.eos
     return EditExample(
         list(prompt.prompt.ids), list(prompt.init_ids), target + [eos] * (prompt.gen_length - len(target))
     )
+
+
+def aligned(window: str, cursor: int, p: int, q: int, new: str) -> tuple[str, str, str]:
+    """The revised window as (before the gap, what goes into the gap, after it): the expected edit
+    replaces [p, q) of the window by `new`; an insertion at the cursor fills the gap, any other edit
+    stays on its side of it (one that spans the cursor: the gap is left after the new text)."""
+    if p == q == cursor:
+        return window[:cursor], new, window[cursor:]
+    if q <= cursor:
+        return window[:p] + new + window[q:cursor], "", window[cursor:]
+    if p >= cursor:
+        return window[:cursor], "", window[cursor:p] + new + window[q:]
+    return window[:p] + new, "", window[q:]
+
+
+def gapped(parts: tuple[str, str, str], codec: TextCodec) -> list[int]:
+    """The target ids over the draft's positions (next_edit.draft_ids): the text before the gap, the
+    insertion, gap ids for the rest of the gap (none when the insertion is longer than it), the text
+    after; a layout without a gap: the text's ids."""
+    from ..completion.next_edit import GAP_TOKENS, gap_id
+
+    head, middle, tail = parts
+    gap = gap_id(codec)
+    if gap is None:
+        return codec.encode(head + middle + tail)
+    inserted = codec.encode(middle)
+    return codec.encode(head) + inserted + [gap] * max(0, GAP_TOKENS - len(inserted)) + codec.encode(tail)
 
 
 def edit_batch(

@@ -33,6 +33,11 @@ def renamed(history_text: str) -> tuple[str, str] | None:
     return pairs.pop() if len(pairs) == 1 else None
 
 
+def window_of(codec, init_ids: list[int]) -> str:
+    """The window a next-edit draft holds (its gap at the cursor and its room of end-of-text left out)."""
+    return codec.decode([t for t in init_ids if t not in (codec.special.eos, codec.special.fim_suffix)])
+
+
 def answer(prompt_text: str, window: str) -> str:
     """The window as the scripted model revises it, given the decoded prompt."""
     fixed = os.environ.get("LLADA_LSP_TEST_SCRIPTED_NEXT_EDIT_ANSWER")
@@ -57,7 +62,7 @@ def install() -> None:
             return add(self, request)
         codec = self._scripted_codec
         prompt = codec.decode(request.prompt_ids)
-        window = codec.decode(request.init_ids)
+        window = window_of(codec, request.init_ids)
         ids = codec.encode(answer(prompt, window))[: request.gen_length]
         eos = [request.eos_id] if request.eos_id is not None and len(ids) < request.gen_length else []
         seq_id = -(len(scripted) + 1)
