@@ -5,7 +5,8 @@ never saw) are replayed against the real server over stdio exactly as an editor 
 configuration, reused across cases; per case didOpen of the file before the history, one incremental
 didChange per history edit, `llada/nextEdit` at the cursor, the answer's edits applied, didClose.
 Configurations: the shipped model, a fine-tuned one (--model), "rewrite the window without history"
-(the shipped model with `nextEditHistory: false`) and "always silent" (no server). Scores (exact match
+(the shipped model with `nextEditHistory: false`), the fine-tuned one without history (what the
+history adds to it) and "always silent" (no server). Scores (exact match
 of the changed region, delta-chrF, silent-when-right precision/recall, reversal rate, parse kept,
 p50/p95 time to the answer) are training/eval_next_edit.py; the sign test compares configurations
 case by case on exact match.
@@ -327,8 +328,8 @@ def eval_next_edit_main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--configs",
-        default="shipped,fine-tuned,no-history," + SILENT.replace(" ", "-"),
-        help="which configurations, comma-separated (default: %(default)s; fine-tuned needs --model)",
+        default="shipped,fine-tuned,no-history,fine-tuned-no-history," + SILENT.replace(" ", "-"),
+        help="which configurations, comma-separated (default: %(default)s; fine-tuned ones need --model)",
     )
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds one request may take (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="also print the rows as one JSON line")
@@ -353,20 +354,25 @@ def eval_next_edit_main(argv: list[str] | None = None) -> int:
         "shipped": (server, on),
         "fine-tuned": (server + ["--model", args.model] if args.model else None, on),
         "no-history": (server, {**on, "nextEditHistory": False}),
+        "fine-tuned-no-history": (
+            server + ["--model", args.model] if args.model else None,
+            {**on, "nextEditHistory": False},
+        ),
         "always-silent": (None, None),
     }
     names = {
         "shipped": "shipped model",
         "fine-tuned": f"fine-tuned ({args.model})",
         "no-history": "rewrite the window without history",
+        "fine-tuned-no-history": "fine-tuned, the window without history",
         "always-silent": SILENT,
     }
     wanted = [c for c in args.configs.split(",") if c]
     unknown = [c for c in wanted if c not in plans]
     if unknown:
         ap.error(f"--configs: unknown {', '.join(unknown)}; choose from {', '.join(plans)}")
-    if "fine-tuned" in wanted and not args.model:
-        wanted.remove("fine-tuned")
+    if not args.model:
+        wanted = [c for c in wanted if not c.startswith("fine-tuned")]
     scores: dict[str, list[dict]] = {}
     rows: dict[str, dict] = {}
     ids = [f"{c['repo']} {c['commit']} {c['path']}" for c in cases]
