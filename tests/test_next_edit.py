@@ -394,3 +394,38 @@ def test_the_draft_leaves_a_gap_at_the_cursor_and_an_insertion_there_is_suggeste
 
     kept = LoadedModel(ModelSpec(None), codec, 512, 32, Keeping())
     assert NextEditPlan(kept, job, threading.Event()).run(kept, lambda *_: None).stopped == "unchanged"
+
+
+def test_a_suggestion_the_model_is_unsure_of_stays_silent(codec, monkeypatch):
+    """The confidence gate: the mean confidence of the changed tokens, as the drafts carry it."""
+    from llada_lsp.completion import next_edit
+
+    monkeypatch.setattr(next_edit, "MIN_EDIT_CONFIDENCE", 0.6)
+    doc, cursor = renamed_source(codec)
+    job, _ = NextEdit.at(doc.text, cursor, doc.history.diffs("file:///a.py"), None, 1024, True)
+    init = next_edit_prompt(job.history, job.before, job.window, job.after, codec, 512, 1024, 32, job.cursor).init_ids
+    final = list(init)
+    renamed = codec.encode("acc")[0]
+    changed = [i for i, t in enumerate(init) if codec.decode([t]).strip() == "count"]
+    assert changed
+    for i in changed:
+        final[i] = renamed
+
+    def answering(sure: float) -> LoadedModel:
+        class Batch:
+            def generate(self, request):
+                assert request.init_ids == init
+                confidence = [0.99] * len(final)
+                for i in changed:
+                    confidence[i] = sure
+                yield Draft(1, final, confidence=confidence)
+                return Result(final, 2, 0.0)
+
+        return LoadedModel(ModelSpec(None), codec, 512, 32, Batch())
+
+    for sure, stopped in ((0.55, "refused"), (0.65, "done")):
+        model = answering(sure)
+        plan = NextEditPlan(model, job, threading.Event())
+        out = plan.run(model, lambda *_: None)
+        assert out.stopped == stopped and plan.confidence == pytest.approx(sure)
+        assert stopped == "done" or "unsure of its change (mean confidence 0.55)" in out.reason
