@@ -20,8 +20,8 @@ from llada_lsp.backends import native
 from llada_lsp.completion import next_edit
 from llada_lsp.completion.generation import ModelSpec
 from llada_lsp.completion.jobs import CONTEXT_TOKENS
-from llada_lsp.server.history import History
-from llada_lsp.training.edit_pairs import apply, read_jsonl_gz
+from llada_lsp.training.edit_pairs import read_jsonl_gz
+from llada_lsp.training.edit_tune import served_job
 from llada_lsp.training.eval_next_edit import exact_match
 
 
@@ -41,13 +41,7 @@ def main() -> int:
     silent_right = 0  # silences (no suggestion at all) on no-edit cases: right whatever the threshold
     started = time.perf_counter()
     for i, case in enumerate(cases):
-        h, text = History(clock=lambda: 0.0), case["before"]
-        for e in case["history"]:
-            h.record("case", text, e["start"], e["end"], e["text"], text.count("\n", 0, e["start"]))
-            text = apply(text, [e])
-        last = h.last("case")
-        job, start = next_edit.NextEdit.at(text, case["cursor"], h.diffs("case"),
-                                           (last.start, last.old, last.new) if last else None, CONTEXT_TOKENS, True)  # fmt: skip
+        job, start, text = served_job(case, CONTEXT_TOKENS)
         plan = next_edit.NextEditPlan(model, job, threading.Event())
         out = plan.run(model, lambda *_: None)
         if out.stopped == "done" and plan.confidence is not None:

@@ -429,3 +429,26 @@ def test_a_suggestion_the_model_is_unsure_of_stays_silent(codec, monkeypatch):
         out = plan.run(model, lambda *_: None)
         assert out.stopped == stopped and plan.confidence == pytest.approx(sure)
         assert stopped == "done" or "unsure of its change (mean confidence 0.55)" in out.reason
+
+
+def test_a_cursor_off_the_revised_lines_gets_no_gap(codec):
+    """A peer's cursor off the window (the engine service takes it from the wire) and a cursor in the
+    lines of a long window left as they are: the draft has no gap, and the request still runs."""
+    from llada_lsp.completion.next_edit import fit_window, from_wire, to_wire
+
+    doc, cursor = renamed_source(codec)
+    job, _ = NextEdit.at(doc.text, cursor, (), None, 1024, True)
+    assert from_wire(to_wire(job, 1, "k", False)) == job  # the cursor travels as it is
+    for bad in (-5, len(job.window) + 1, 10**9):
+        frame = to_wire(job, 1, "k", False)
+        odd = from_wire(type(frame)(**{**frame.__dict__, "cursor": bad}))
+        plan = NextEditPlan(scripted(codec), odd, threading.Event())
+        assert codec.special.fim_suffix not in plan.request.init_ids
+        assert plan.run(scripted(codec), lambda *_: None).stopped == "unchanged"
+    window = "".join(f"value_{i} = compute({i}, {i + 1}, {i + 2})\n" for i in range(21))
+    model = scripted(codec)
+    model.max_positions = 200
+    job, _ = NextEdit.at(window, 3, (), None, 1024, True)  # on the first line: left as it is
+    head, _, _ = fit_window(job.window, codec, 200 // 3)
+    assert head and job.cursor < len(head)
+    assert codec.special.fim_suffix not in NextEditPlan(model, job, threading.Event()).request.init_ids

@@ -323,17 +323,15 @@ def to_wire(job: NextEdit, request_id: int, key: str, drafts: bool) -> wire.Next
     last = job.last
     return wire.NextEdit(request_id, key, s(job.before), s(job.window), s(job.after), [s(h) for h in job.history],
                          job.mode, job.context_tokens, job.python, last.start if last else None,
-                         s(last.old) if last else None, s(last.new) if last else None, drafts,
-                         len(s(job.window[: job.cursor])) if job.cursor is not None else None)  # fmt: skip
+                         s(last.old) if last else None, s(last.new) if last else None, drafts, job.cursor)  # fmt: skip
 
 
 def from_wire(request: wire.NextEdit) -> NextEdit:
     last = None
     if request.last_start is not None:
         last = LastEdit(request.last_start, request.last_old or "", request.last_new or "")
-    cursor = request.cursor if request.cursor is not None and 0 <= request.cursor <= len(request.window) else None
     return NextEdit(request.before, request.window, request.after, tuple(request.history), last,
-                    request.context_tokens, request.python, request.mode, cursor)  # fmt: skip
+                    request.context_tokens, request.python, request.mode, request.cursor)  # fmt: skip
 
 
 def fit_window(window: str, codec: TextCodec, max_tokens: int) -> tuple[str, str, str]:
@@ -371,6 +369,8 @@ class NextEditPlan(Plan):
         self.codec, self.job = codec, job
         # Lines of long windows the model cannot take are left as they are: context around what it revises.
         self.head, self.inner, self.tail = fit_window(job.window, codec, min(WINDOW_TOKENS, model.max_positions // 3))
+        # The gap goes where the cursor is in the lines revised; a cursor outside them (or off the window: a
+        # peer's bad value) gets none.
         cursor = None if job.cursor is None else job.cursor - len(self.head)
         self.prompt = next_edit_prompt(job.history, job.before + self.head, self.inner, self.tail + job.after, codec,
                                        model.max_positions, job.context_tokens, model.block_size,
@@ -400,18 +400,21 @@ class NextEditPlan(Plan):
                 self._last.append(token)
         return draft.step, ""
 
-    def mean_rewrites(self, final: list[int]) -> float:
-        """Mean rewrites of the positions whose final id differs from the window's."""
+    def changed(self, final: list[int]) -> list[int]:
+        """The positions whose final id differs from the draft's."""
         init = self.prompt.init_ids
-        changed = [i for i, t in enumerate(final[: len(init)]) if t != init[i]]
+        return [i for i, t in enumerate(final[: len(init)]) if t != init[i]]
+
+    def mean_rewrites(self, final: list[int]) -> float:
+        """Mean rewrites of the changed positions."""
+        changed = self.changed(final)
         return sum(self._rewrites[i] for i in changed) / len(changed) if changed else 0.0
 
     def edit_confidence(self, final: list[int]) -> float | None:
-        """Mean confidence of the positions whose final id differs from the draft's (None: no change, or
-        a backend whose drafts carry no confidences)."""
-        init, conf = self.prompt.init_ids, self._confidence
-        changed = [conf[i] for i in range(min(len(init), len(final), len(conf))) if final[i] != init[i]]
-        return sum(changed) / len(changed) if changed else None
+        """Mean confidence of the changed positions (None: no change, or a backend whose drafts carry no
+        confidences)."""
+        conf = [self._confidence[i] for i in self.changed(final) if i < len(self._confidence)]
+        return sum(conf) / len(conf) if conf else None
 
     def revised(self, tokens: list[int]) -> str:
         codec = self.codec
@@ -436,8 +439,8 @@ class NextEditPlan(Plan):
         self.confidence = confidence = self.edit_confidence(result.tokens)
         if reason is None and confidence is not None and confidence < MIN_EDIT_CONFIDENCE:
             reason = f"the model is unsure of its change (mean confidence {confidence:.2f})"
-        if reason is None and self.mean_rewrites(result.tokens) > MAX_MEAN_REWRITES:
-            reason = f"the model is unsure (its changes were rewritten {self.mean_rewrites(result.tokens):.1f} times)"
+        if reason is None and (rewrites := self.mean_rewrites(result.tokens)) > MAX_MEAN_REWRITES:
+            reason = f"the model is unsure (its changes were rewritten {rewrites:.1f} times)"
         if reason is not None:
             return Outcome(text, result.steps, seconds, "refused", reason, tokens)
         return Outcome(text, result.steps, seconds, "done", tokens=tokens)

@@ -34,15 +34,10 @@ class EditExample:
     target: list[int]  # the revised window's ids, then end-of-text to the generated region's length
 
 
-def served_example(
-    case: dict, codec: TextCodec, max_positions: int, context_tokens: int, history: bool = True, block_size: int = 32
-) -> EditExample | None:
-    """The case as the server would prompt for it (None: it cannot be one, see the module's doc)."""
-    from ..completion.next_edit import (  # the server side's, so both agree
-        NextEdit,
-        next_edit_prompt,
-    )
-    from ..completion.prompt import SelectionTooLong
+def served_job(case: dict, context_tokens: int, history: bool = True):
+    """(job, window start, text) of a case as the server would ask it: its history replayed through the
+    server's edit history (coalesced as the server coalesces it), then `NextEdit.at` at its cursor."""
+    from ..completion.next_edit import NextEdit  # the server side's, so both agree
     from ..server.history import History
 
     h = History(clock=lambda: 0.0)  # the benchmark replays a history at once: edits that touch coalesce
@@ -51,14 +46,19 @@ def served_example(
         h.record("case", text, e["start"], e["end"], e["text"], text.count("\n", 0, e["start"]))
         text = apply(text, [e])
     last = h.last("case")
-    job, start = NextEdit.at(
-        text,
-        case["cursor"],
-        h.diffs("case") if history else (),
-        (last.start, last.old, last.new) if last else None,
-        context_tokens,
-        True,
-    )
+    job, start = NextEdit.at(text, case["cursor"], h.diffs("case") if history else (),
+                             (last.start, last.old, last.new) if last else None, context_tokens, True)  # fmt: skip
+    return job, start, text
+
+
+def served_example(
+    case: dict, codec: TextCodec, max_positions: int, context_tokens: int, history: bool = True, block_size: int = 32
+) -> EditExample | None:
+    """The case as the server would prompt for it (None: it cannot be one, see the module's doc)."""
+    from ..completion.next_edit import next_edit_prompt
+    from ..completion.prompt import SelectionTooLong
+
+    job, start, text = served_job(case, context_tokens, history)
     window, cursor = job.window, job.cursor
     if case["expected"] is None:
         parts = (window[:cursor], "", window[cursor:])
