@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import json
 import random
+import re
 import subprocess
 from pathlib import Path
 
@@ -126,3 +127,34 @@ def test_the_shipped_cases_keep_the_contract_and_a_fifth_are_no_edit():
     share = sum(c["expected"] is None for c in cases) / len(cases)
     assert 0.15 <= share <= 0.3
     assert {c["kind"] for c in cases} >= {"no-edit", "complete", "below", "above"}
+
+
+SOURCE = (
+    "def total(items, rate):\n    subtotal = sum(items)\n    taxed = subtotal * rate\n    return subtotal + taxed\n"
+)
+
+
+def test_synthetic_cases_keep_the_contract_and_replay_to_the_file():
+    kinds = collections.Counter()
+    for seed in range(300):
+        case = ep.synthetic_case("m.py", SOURCE, random.Random(seed))
+        if case is None:
+            continue
+        ep.check(case)
+        kinds[case["kind"]] += 1
+        current = ep.apply(case["before"], case["history"])
+        if case["kind"] == "complete":  # typing on from the cursor gives the file back
+            assert case["expected"] == SOURCE and SOURCE.startswith(current[: case["cursor"]])
+            assert SOURCE.endswith(current[case["cursor"] :])
+        elif case["kind"] == "no-edit" and case["before"] != SOURCE:  # a line's end typed in full
+            assert current == SOURCE
+        elif case["kind"] == "below":  # the next use renamed as the first was
+            ((old, new),) = {(case["before"][e["start"] : e["end"]], e["text"]) for e in case["history"]}
+            uses = re.compile(rf"\b{re.escape(new)}\b")
+            assert len(uses.findall(case["expected"])) == len(uses.findall(current)) + 1 and old in current
+    assert set(kinds) == {"complete", "no-edit", "below"}
+
+
+def test_a_file_too_large_or_empty_gives_no_synthetic_case():
+    assert ep.synthetic_case("m.py", "", random.Random(0)) is None
+    assert ep.synthetic_case("m.py", "x = 1\n" * (ep.MAX_FILE_CHARS // 6 + 1), random.Random(0)) is None

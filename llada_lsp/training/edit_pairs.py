@@ -344,3 +344,76 @@ def read_jsonl_gz(path: str | Path) -> Iterator[dict]:
         for line in f:
             if line.strip():
                 yield json.loads(line)
+
+
+# --- synthetic cases --------------------------------------------------------------------------------
+# Commits give few edits a small model can learn from (of 1,138 mined training cases, about 320 change
+# at most 8 of the draft's tokens). Any source file gives more of the two kinds a diffusion draft
+# expresses cheaply: the rest of what the user is typing at the cursor, and the same rename again.
+_NAME = re.compile(r"\b[A-Za-z_]\w{2,}\b")
+_KEYWORDS = frozenset(__import__("keyword").kwlist) | {"self", "cls", "True", "False", "None"}
+SYNTHETIC_REST_CHARS = 40  # what is left to type: at most this much of the line
+
+
+def synthetic_case(path: str, text: str, rng: random.Random) -> dict | None:
+    """One case cut from a file as it is (no commit): "complete" (a line's end typed part way: the
+    rest is expected), "rename" (a name renamed at one use, the next use below expected renamed too)
+    or "no-edit" (a line's end typed in full, or a name renamed at its every use in reach). None when
+    the file gives none at the draw."""
+    if not text.strip() or len(text) > MAX_FILE_CHARS or "\r" in text:
+        return None
+    base = {"repo": "synthetic", "commit": "", "path": path, "licence": ""}
+    roll = rng.random()
+    if roll < 0.45:
+        return _synthetic_complete(text, base, rng, done=False)
+    if roll < 0.55:
+        return _synthetic_complete(text, base, rng, done=True)
+    return _synthetic_rename(text, base, rng, done=roll > 0.9)
+
+
+def _synthetic_complete(text: str, base: dict, rng: random.Random, done: bool) -> dict | None:
+    lines = [m for m in re.finditer(r"[^\n]*\S[^\n]*\n", text)]
+    if not lines:
+        return None
+    line = rng.choice(lines)
+    body = line.group().rstrip()
+    lo = line.start() + len(body) - len(body.lstrip())  # the line's code, after its indentation
+    hi = line.start() + len(body)
+    cuts = [lo + m.end() for m in _PAUSE.finditer(text[lo:hi]) if 0 < lo + m.end() < hi]
+    cuts = [c for c in cuts if hi - c <= SYNTHETIC_REST_CHARS and text[c:hi].strip()]
+    if not cuts:
+        return None
+    cut = rng.choice(cuts)
+    start = rng.choice([c for c in cuts if c <= cut] + [lo])  # where the user began typing this part
+    before = text[:start] + text[hi:]
+    if done:
+        history = [{"start": start, "end": start, "text": text[start:hi]}]
+        return {**base, "kind": "no-edit", "before": before, "history": history, "cursor": hi, "expected": None}
+    history = [{"start": start, "end": start, "text": text[start:cut]}]
+    return {**base, "kind": "complete", "before": before, "history": history, "cursor": cut, "expected": text}
+
+
+def _synthetic_rename(text: str, base: dict, rng: random.Random, done: bool) -> dict | None:
+    uses: dict[str, list[re.Match]] = {}
+    for m in _NAME.finditer(text):
+        if m.group() not in _KEYWORDS:
+            uses.setdefault(m.group(), []).append(m)
+    pairs = [(a, b) for ms in uses.values() for a, b in zip(ms, ms[1:])
+             if 0 < text.count("\n", a.end(), b.start()) <= NEAR_LINES // 2]  # fmt: skip
+    if not pairs:
+        return None
+    first, second = rng.choice(pairs)
+    old = first.group()
+    new = rng.choice(
+        [f"new_{old}", f"{old}s", f"{old}_", f"{old}2", f"_{old}", old.lower() if old != old.lower() else old.upper()]
+    )
+    edit = {"start": first.start(), "end": first.end(), "text": new}
+    current = apply(text, [edit])
+    at = second.start() + len(new) - len(old)
+    renamed = current[:at] + new + current[at + len(old) :]
+    if done:
+        edit2 = {"start": at, "end": at + len(old), "text": new}
+        return {**base, "kind": "no-edit", "before": text, "history": [edit, edit2],
+                "cursor": at + len(new), "expected": None}  # fmt: skip
+    return {**base, "kind": "below", "before": text, "history": [edit], "cursor": first.start() + len(new),
+            "expected": renamed}  # fmt: skip
