@@ -48,19 +48,19 @@ def test_a_served_example_is_the_servers_prompt_and_the_revised_window():
     expected = current.replace("x = total", "x = amount")
     case = {"before": before, "history": rename, "cursor": 12, "expected": expected}
     ex = served_example(case, codec, 512, 1024)
-    eos, gap = codec.special.eos, codec.special.fim_suffix
+    eos, mask = codec.special.eos, codec.special.mask
 
     def text(ids):
-        return codec.decode([t for t in ids if t not in (eos, gap)])
+        return codec.decode([t for t in ids if t not in (eos, mask)])
 
     assert text(ex.init) == current  # the whole small file is the window
-    assert ex.init.count(gap) == 8 and codec.decode(ex.init).startswith(current[:12] + "<|fim_suffix|>")
+    assert ex.init.count(mask) == 8 and ex.init[len(codec.encode(current[:12])) :][:8] == [mask] * 8
     assert len(ex.init) == len(ex.target) and ex.init[-1] == eos  # then end-of-text, the room to grow
     assert text(ex.target) == expected
     assert "amount" in codec.decode(ex.prompt)  # the history's diff is in the prompt
     assert codec.special.eos in ex.target and len(ex.target) >= len(ex.init)
     silent = served_example({**case, "expected": None}, codec, 512, 1024)
-    assert silent.target == silent.init  # no edit: the draft as it is, gap included
+    assert [eos if t == mask else t for t in silent.init] == silent.target  # no edit: the gap left empty
     plain = served_example(case, codec, 512, 1024, history=False)
     assert len(plain.prompt) < len(ex.prompt)
 
@@ -77,8 +77,28 @@ def test_the_target_fills_the_gap_only_with_an_insertion_at_the_cursor():
     assert aligned(window, cursor, 15, 16, "9") == ("x = 1\ny = ", "", "\nz = 9\n")  # below
     assert aligned(window, cursor, 2, cursor + 1, "= 0\n") == ("x = 0\n", "", "z = 3\n")  # across the cursor
     codec = TextCodec.from_tokenizer(load_tokenizer(None))
-    gap, two = codec.special.fim_suffix, codec.encode("2")
+    gap, two = codec.special.eos, codec.encode("2")
     ids = gapped(("x = ", "2", "\n"), codec)
     assert ids == codec.encode("x = ") + two + [gap] * (8 - len(two)) + codec.encode("\n")
     long = "".join(f"v{i} + " for i in range(12))
     assert gap not in gapped(("x = ", long, "\n"), codec)  # longer than the gap: the rest shifts
+
+
+@pytest.mark.slow
+def test_a_tuned_model_says_it_fills_the_gap_and_the_server_gives_it_one(tmp_path, one_torch_thread):
+    """`llada-lsp tune-next-edit` for one step: its candidate's config carries `next_edit_gap`, which the
+    native backend reads into `LoadedModel.edit_gap` (the shipped model has none: its drafts get no gap)."""
+    from llada_lsp.backends import native
+    from llada_lsp.commands.tune_next_edit import tune_next_edit_main
+    from llada_lsp.completion.generation import ModelSpec
+    from llada_lsp.training import edit_pairs as ep
+
+    source = "def total(items, rate):\n    subtotal = sum(items)\n    return subtotal * rate\n"
+    cases = [c for seed in range(40) if (c := ep.synthetic_case("m.py", source, random.Random(seed)))]
+    ep.write_jsonl_gz(tmp_path / "cases.jsonl.gz", cases)
+    argv = ["--cases", str(tmp_path / "cases.jsonl.gz"), "--out", str(tmp_path / "run"), "--minutes", "0.01",
+            "--edit-batch", "2", "--infill-batch", "0", "--threads", "1"]  # fmt: skip
+    assert tune_next_edit_main(argv) == 0
+    tuned = native.load(ModelSpec(str(tmp_path / "run" / "model"), threads=1), lambda *_: None)
+    assert tuned.edit_gap
+    assert not native.load(ModelSpec(None, threads=1), lambda *_: None).edit_gap

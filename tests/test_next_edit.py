@@ -183,7 +183,7 @@ def scripted(codec: TextCodec, answer=None, drafts: list[list[int]] | None = Non
             yield Draft(len(drafts or []) + 1, ids)
             return Result(ids + [eos] * (request.gen_length - len(ids)), 3, 0.0)
 
-    return LoadedModel(ModelSpec(None), codec, 512, 32, Batch())
+    return LoadedModel(ModelSpec(None), codec, 512, 32, Batch(), edit_gap=True)
 
 
 def run(model: LoadedModel, text: str, cursor: int, history: History, uri: str = "file:///a.py", python=True):
@@ -270,8 +270,8 @@ def test_the_embedded_model_answer_is_well_formed(codec, one_torch_thread):
     model = native.load(ModelSpec(None, threads=1), lambda *_: None)
     doc, cursor = renamed_source(codec)
     job, start, plan, out = run(model, doc.text, cursor, doc.history)
-    draft = draft_ids(job.window, job.cursor, codec)
-    assert plan.request.init_ids[: len(draft)] == draft and draft.count(codec.special.fim_suffix) == GAP_TOKENS
+    draft = draft_ids(job.window, None, codec)  # not tuned to fill a gap at the cursor: its draft has none
+    assert not model.edit_gap and plan.request.init_ids[: len(draft)] == draft
     assert codec.special.mask not in plan.request.init_ids and plan.request.priority == 2
     assert out.stopped in ("done", "unchanged", "refused") and out.steps >= 1
     if out.stopped == "done":
@@ -319,7 +319,7 @@ def test_a_long_window_is_cut_to_its_middle_lines_and_the_rest_kept_as_is(codec)
     at = window.index("value_10 ")
     doc.change(at, at + 8, "v10")
     job, start, plan, out = run(model, doc.text, at, doc.history)
-    special = (codec.special.eos, codec.special.fim_suffix)
+    special = (codec.special.eos, codec.special.mask)
     assert len([t for t in plan.request.init_ids if t not in special]) <= 200 // 3 and plan.head and plan.tail
     assert out.stopped == "unchanged"  # the scripted model saw a rename to nothing else in the middle lines
 
@@ -366,34 +366,59 @@ def test_changes_of_blanks_alone_are_never_suggested(codec):
 
 def test_the_draft_leaves_a_gap_at_the_cursor_and_an_insertion_there_is_suggested(codec):
     """Positions of a draft are fixed: an insertion at the cursor (the rest of what the user started
-    typing) fills the gap there instead of shifting every token after it; a gap left as it is is nothing."""
+    typing) fills the gap there instead of shifting every token after it; the gap's masks the model
+    leaves empty (end-of-text, or masks) are nothing, while an end-of-text elsewhere still ends the window."""
     text = "def area(w, h):\n    return w * \n\n\nprint(area(2, 3))\n"
     cursor = text.index("w * ") + 4
     job, start = NextEdit.at(text, cursor, (), None, 1024, True)
     assert job.window[job.cursor :].startswith("\n\n\nprint")
     draft = draft_ids(job.window, job.cursor, codec)
-    gap = codec.special.fim_suffix
+    mask, eos = codec.special.mask, codec.special.eos
     at = len(codec.encode(job.window[: job.cursor]))
-    assert draft[at : at + GAP_TOKENS] == [gap] * GAP_TOKENS and gap not in draft[at + GAP_TOKENS :]
+    assert draft[at : at + GAP_TOKENS] == [mask] * GAP_TOKENS and mask not in draft[at + GAP_TOKENS :]
 
     class Filling:
-        def generate(self, request):  # fills the gap with "h" and keeps the rest of the draft
+        def generate(self, request):  # "h" then end-of-text in the gap, the rest of the draft kept
+            assert request.eos_id not in request.init_ids, "no stop id: the canvas is read whole"
             ids = list(request.init_ids)
-            ids[ids.index(gap)] = codec.encode("h")[0]
+            at = ids.index(mask)
+            ids[at : at + GAP_TOKENS] = codec.encode("h") + [eos] * (GAP_TOKENS - 1)
             yield Draft(1, ids)
             return Result(ids, 1, 0.0)
 
-    model = LoadedModel(ModelSpec(None), codec, 512, 32, Filling())
+    model = LoadedModel(ModelSpec(None), codec, 512, 32, Filling(), edit_gap=True)
     out = NextEditPlan(model, job, threading.Event()).run(model, lambda *_: None)
     assert out.stopped == "done" and out.text == job.window[: job.cursor] + "h" + job.window[job.cursor :]
 
     class Keeping:
-        def generate(self, request):  # the draft as it is, gap included
+        def generate(self, request):  # the draft as it is, the gap's masks included
             yield Draft(1, list(request.init_ids))
             return Result(list(request.init_ids), 1, 0.0)
 
-    kept = LoadedModel(ModelSpec(None), codec, 512, 32, Keeping())
+    kept = LoadedModel(ModelSpec(None), codec, 512, 32, Keeping(), edit_gap=True)
     assert NextEditPlan(kept, job, threading.Event()).run(kept, lambda *_: None).stopped == "unchanged"
+
+    class Ending:
+        def generate(self, request):  # end-of-text right after the gap: the window's rest is cut off
+            ids = list(request.init_ids)
+            at = ids.index(mask) + GAP_TOKENS
+            ids[at] = eos
+            yield Draft(1, ids)
+            return Result(ids, 1, 0.0)
+
+    cut = LoadedModel(ModelSpec(None), codec, 512, 32, Ending(), edit_gap=True)
+    out = NextEditPlan(cut, job, threading.Event()).run(cut, lambda *_: None)
+    assert out.stopped == "refused" and "delete" in out.reason
+
+
+def test_only_a_model_tuned_to_fill_the_gap_gets_one(codec):
+    """Masks at the cursor are a prompt format: a model that never learnt it fills them with guesses."""
+    text = "def area(w, h):\n    return w * \n"
+    job, _ = NextEdit.at(text, text.index("w * ") + 4, (), None, 1024, True)
+    for tuned in (True, False):
+        model = LoadedModel(ModelSpec(None), codec, 512, 32, None, edit_gap=tuned)
+        ids = NextEditPlan(model, job, threading.Event()).request.init_ids
+        assert ids.count(codec.special.mask) == (GAP_TOKENS if tuned else 0)
 
 
 def test_a_suggestion_the_model_is_unsure_of_stays_silent(codec, monkeypatch):
@@ -421,7 +446,7 @@ def test_a_suggestion_the_model_is_unsure_of_stays_silent(codec, monkeypatch):
                 yield Draft(1, final, confidence=confidence)
                 return Result(final, 2, 0.0)
 
-        return LoadedModel(ModelSpec(None), codec, 512, 32, Batch())
+        return LoadedModel(ModelSpec(None), codec, 512, 32, Batch(), edit_gap=True)
 
     for sure, stopped in ((0.55, "refused"), (0.65, "done")):
         model = answering(sure)
@@ -443,7 +468,7 @@ def test_a_cursor_off_the_revised_lines_gets_no_gap(codec):
         frame = to_wire(job, 1, "k", False)
         odd = from_wire(type(frame)(**{**frame.__dict__, "cursor": bad}))
         plan = NextEditPlan(scripted(codec), odd, threading.Event())
-        assert codec.special.fim_suffix not in plan.request.init_ids
+        assert codec.special.mask not in plan.request.init_ids
         assert plan.run(scripted(codec), lambda *_: None).stopped == "unchanged"
     window = "".join(f"value_{i} = compute({i}, {i + 1}, {i + 2})\n" for i in range(21))
     model = scripted(codec)
@@ -451,4 +476,4 @@ def test_a_cursor_off_the_revised_lines_gets_no_gap(codec):
     job, _ = NextEdit.at(window, 3, (), None, 1024, True)  # on the first line: left as it is
     head, _, _ = fit_window(job.window, codec, 200 // 3)
     assert head and job.cursor < len(head)
-    assert codec.special.fim_suffix not in NextEditPlan(model, job, threading.Event()).request.init_ids
+    assert codec.special.mask not in NextEditPlan(model, job, threading.Event()).request.init_ids

@@ -116,7 +116,8 @@ def load(spec: ModelSpec, report: Report, cancelled: Callable[[], bool] | None =
     engine.generation(codec.encode("def f():\n"), 1, "speed", mask_id=codec.special.mask).run()
     # ... and are not served work: `engine status` counts batches and cache hits from here.
     engine.scheduler.stats, engine.cache.stats = type(engine.scheduler.stats)(), type(engine.cache.stats)()
-    return LoadedModel(spec, codec, model.config.max_position_embeddings, engine.block_size, NativeBatch(engine))
+    return LoadedModel(spec, codec, model.config.max_position_embeddings, engine.block_size, NativeBatch(engine),
+                       bool(getattr(model.config, "next_edit_gap", 0)))  # fmt: skip
 
 
 def start(loop: asyncio.AbstractEventLoop, log: Callable[[str], None]) -> ModelWorker:

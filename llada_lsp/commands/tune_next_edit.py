@@ -38,6 +38,19 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="share of edit examples built without the history (the baseline's prompt)",
     )
+    ap.add_argument(
+        "--max-changed",
+        type=int,
+        default=None,
+        help="leave out edit examples whose target differs from the draft at more than N positions (its gap aside): "
+        "an edit that shifts the tokens after it is out of a small model's reach",
+    )
+    ap.add_argument(
+        "--synthetic",
+        type=int,
+        default=0,
+        help="this many more cases cut from the infill corpus's training files (edit_pairs.synthetic_case)",
+    )
     ap.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=27)
@@ -46,6 +59,7 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from ..completion.codec import TextCodec
+    from ..completion.next_edit import GAP_TOKENS
     from ..model import EMBEDDED_MODEL, LLaDA2, load_model
     from ..training import corpus
     from ..training.checkpoint import RunState, adamw
@@ -62,18 +76,33 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
     warm = load_model(source, device="cpu", dtype=torch.float32)  # loaded for inference: copy it into a trainable one
     config = warm.config
     model = LLaDA2(config)
+    # The exported model says it fills the gap its drafts leave at the cursor (completion/next_edit.py).
+    config.next_edit_gap = GAP_TOKENS
     model.load_state_dict(warm.state_dict())
     del warm
     seq_len, block = config.max_position_embeddings, 32
     mask_id, eos_id = codec.special.mask, codec.special.eos
     cases = list(read_jsonl_gz(args.cases))
+    if args.synthetic:
+        from ..training.edit_pairs import synthetic_case
+
+        srng = random.Random(args.seed + 1)
+        files = corpus.iter_files("train")
+        while sum(c["repo"] == "synthetic" for c in cases) < args.synthetic:
+            f = srng.choice(files)
+            if (c := synthetic_case(f.path, f.text, srng)) is not None:
+                cases.append(c)
     rng = random.Random(args.seed)
     examples = [
         e for c in cases if (e := served_example(c, codec, seq_len, 1024, rng.random() >= args.no_history_share, block))
     ]
+    if args.max_changed is not None:
+        examples = [
+            e for e in examples if sum(a != b and a != mask_id for a, b in zip(e.init, e.target)) <= args.max_changed
+        ]
     print(
         f"{len(examples)} edit examples of {len(cases)} cases "
-        f"({sum(e.target[: len(e.init)] == e.init for e in examples)} no-edit)",
+        f"({sum(all(a in (b, mask_id) for a, b in zip(e.init, e.target)) for e in examples)} no-edit)",
         flush=True,
     )
     params, opt = adamw(model, args.lr)

@@ -5,11 +5,11 @@ the case's history replayed through the server's edit history (server/history.py
 server coalesces them), the window and prompt of completion/next_edit.py (`NextEdit.at`,
 `next_edit_prompt`, the draft with its gap at the cursor), and as the target the window after the
 expected edit over the same positions (an insertion at the cursor fills the gap; the window itself
-for a no-edit case). Examples whose expected edit falls outside the window, or whose target does not fit the
+for a no-edit case; the gap's positions the edit leaves empty hold end-of-text). Examples whose expected edit falls outside the window, or whose target does not fit the
 generated region, are left out.
 
 The objective is the one decoding meets: the generated region starts from the window's own tokens
-(then end-of-text, the room to grow), as the engine's draft does, half the time with some steps' worth
+(its gap at the cursor masks, then end-of-text, the room to grow), as the engine's draft does, half the time with some steps' worth
 of masks on top; every generated position is labelled with the target (weight 1 where the input differs from it,
 `keep_weight` where it already matches: an unchanged window is the "no edit" answer), earlier blocks
 clean as committed. The infill half of each step is the shipped model's objective (objective.py).
@@ -97,7 +97,7 @@ def aligned(window: str, cursor: int, p: int, q: int, new: str) -> tuple[str, st
 
 def gapped(parts: tuple[str, str, str], codec: TextCodec) -> list[int]:
     """The target ids over the draft's positions (next_edit.draft_ids): the text before the gap, the
-    insertion, gap ids for the rest of the gap (none when the insertion is longer than it), the text
+    insertion, end-of-text (`gap_id`) for the rest of the gap (none when the insertion is longer than it), the text
     after; a layout without a gap: the text's ids."""
     from ..completion.next_edit import GAP_TOKENS, gap_id
 

@@ -34,8 +34,8 @@ def renamed(history_text: str) -> tuple[str, str] | None:
 
 
 def window_of(codec, init_ids: list[int]) -> str:
-    """The window a next-edit draft holds (its gap at the cursor and its room of end-of-text left out)."""
-    return codec.decode([t for t in init_ids if t not in (codec.special.eos, codec.special.fim_suffix)])
+    """The window a next-edit draft holds (its gap of masks at the cursor and its room of end-of-text left out)."""
+    return codec.decode([t for t in init_ids if t not in (codec.special.eos, codec.special.mask)])
 
 
 def answer(prompt_text: str, window: str) -> str:
@@ -64,7 +64,7 @@ def install() -> None:
         prompt = codec.decode(request.prompt_ids)
         window = window_of(codec, request.init_ids)
         ids = codec.encode(answer(prompt, window))[: request.gen_length]
-        eos = [request.eos_id] if request.eos_id is not None and len(ids) < request.gen_length else []
+        eos = [codec.special.eos] if len(ids) < request.gen_length else []  # the room's end (no stop id is sent)
         seq_id = -(len(scripted) + 1)
         scripted[seq_id] = (ids + eos, request)
         return seq_id
