@@ -155,6 +155,12 @@ def test_synthetic_cases_keep_the_contract_and_replay_to_the_file():
     assert set(kinds) == {"complete", "no-edit", "below"}
 
 
+def test_synthetic_cases_are_as_many_as_asked_where_the_files_allow():
+    cases = ep.synthetic_cases([("m.py", SOURCE)], 25, seed=1)
+    assert len(cases) == 25 and cases == ep.synthetic_cases([("m.py", SOURCE)], 25, seed=1)
+    assert ep.synthetic_cases([("e.py", "\n\n")], 5, seed=1) == [] == ep.synthetic_cases([], 5, seed=1)
+
+
 def test_a_file_too_large_or_empty_gives_no_synthetic_case():
     assert ep.synthetic_case("m.py", "", random.Random(0)) is None
     assert ep.synthetic_case("m.py", "x = 1\n" * (ep.MAX_FILE_CHARS // 6 + 1), random.Random(0)) is None

@@ -63,7 +63,7 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
     from ..model import EMBEDDED_MODEL, LLaDA2, load_model
     from ..training import corpus
     from ..training.checkpoint import RunState, adamw
-    from ..training.edit_pairs import read_jsonl_gz
+    from ..training.edit_pairs import read_jsonl_gz, synthetic_cases
     from ..training.edit_tune import edit_batch, edit_loss, served_example
     from ..training.objective import block_diffusion_loss, training_mask
     from ..training.train import Batches, export, update
@@ -83,15 +83,9 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
     seq_len, block = config.max_position_embeddings, 32
     mask_id, eos_id = codec.special.mask, codec.special.eos
     cases = list(read_jsonl_gz(args.cases))
+    train_files = corpus.iter_files("train")  # the infill half's texts, and the synthetic cases' sources
     if args.synthetic:
-        from ..training.edit_pairs import synthetic_case
-
-        srng = random.Random(args.seed + 1)
-        files = corpus.iter_files("train")
-        while sum(c["repo"] == "synthetic" for c in cases) < args.synthetic:
-            f = srng.choice(files)
-            if (c := synthetic_case(f.path, f.text, srng)) is not None:
-                cases.append(c)
+        cases += synthetic_cases([(f.path, f.text) for f in train_files], args.synthetic, args.seed + 1)
     rng = random.Random(args.seed)
     examples = [
         e for c in cases if (e := served_example(c, codec, seq_len, 1024, rng.random() >= args.no_history_share, block))
@@ -102,7 +96,7 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
         ]
     print(
         f"{len(examples)} edit examples of {len(cases)} cases "
-        f"({sum(all(a in (b, mask_id) for a, b in zip(e.init, e.target)) for e in examples)} no-edit)",
+        f"({sum(e.target == [eos_id if t == mask_id else t for t in e.init] for e in examples)} no-edit)",
         flush=True,
     )
     params, opt = adamw(model, args.lr)
@@ -114,7 +108,7 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
         print(f"resumed at step {step} ({state.spent / 60:.1f} min spent)", flush=True)
     rng = random.Random(args.seed * 1_000_003 + step)  # resumed runs see new draws, deterministically
     gen = torch.Generator().manual_seed(args.seed * 7919 + step)
-    texts = [f.text for f in corpus.iter_files("train")]
+    texts = [f.text for f in train_files]
     infill = (
         iter(Batches(texts, tok, args.seed * 1_000_003 + step, args.infill_batch, seq_len))
         if args.infill_batch

@@ -77,10 +77,12 @@ def draft_ids(window: str, cursor: int | None, codec: TextCodec) -> list[int]:
 
 
 def gap_span(init_ids: list[int], codec: TextCodec) -> range:
-    """The positions of a draft's gap (empty when it has none)."""
+    """The positions of a draft's gap (empty when it has none): its masks, the only ones of a draft."""
     mask = codec.special.mask
-    at = init_ids.index(mask) if mask in init_ids else 0
-    return range(at, at + GAP_TOKENS) if mask in init_ids else range(0)
+    if mask not in init_ids:
+        return range(0)
+    at = init_ids.index(mask)
+    return range(at, at + GAP_TOKENS)
 
 
 class NotSupported(Refused):
@@ -390,6 +392,7 @@ class NextEditPlan(Plan):
         self.prompt = next_edit_prompt(job.history, job.before + self.head, self.inner, self.tail + job.after, codec,
                                        model.max_positions, job.context_tokens, model.block_size,
                                        cursor if cursor is not None and 0 <= cursor <= len(self.inner) else None)  # fmt: skip
+        self.gap = gap_span(self.prompt.init_ids, codec)
         self.started = time.perf_counter()
         self.request = check_request(GenerationRequest(
             self.prompt.prompt.ids, self.prompt.gen_length, job.mode, codec.special.mask, NO_STOP, False,
@@ -433,10 +436,9 @@ class NextEditPlan(Plan):
 
     def revised(self, tokens: list[int]) -> str:
         codec = self.codec
-        empty = {codec.special.mask, gap_id(codec)}
-        gap = gap_span(self.prompt.init_ids, codec)
+        empty, gap = gap_id(codec), self.gap
         raw, _ = codec.text_of([t for i, t in enumerate(tokens) if t != codec.special.mask
-                                and not (i in gap and t in empty)])  # fmt: skip
+                                and not (t == empty and i in gap)])  # fmt: skip
         raw = strip_special(raw)
         if self.prompt.prompt.layout == "chat":
             raw, _ = unfence(raw, True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import difflib
 import gzip
 import json
+import keyword
 import random
 import re
 import subprocess
@@ -351,13 +352,13 @@ def read_jsonl_gz(path: str | Path) -> Iterator[dict]:
 # at most 8 of the draft's tokens). Any source file gives more of the two kinds a diffusion draft
 # expresses cheaply: the rest of what the user is typing at the cursor, and the same rename again.
 _NAME = re.compile(r"\b[A-Za-z_]\w{2,}\b")
-_KEYWORDS = frozenset(__import__("keyword").kwlist) | {"self", "cls", "True", "False", "None"}
+_KEYWORDS = frozenset(keyword.kwlist) | {"self", "cls"}
 SYNTHETIC_REST_CHARS = 40  # what is left to type: at most this much of the line
 
 
 def synthetic_case(path: str, text: str, rng: random.Random) -> dict | None:
     """One case cut from a file as it is (no commit): "complete" (a line's end typed part way: the
-    rest is expected), "rename" (a name renamed at one use, the next use below expected renamed too)
+    rest is expected), "below" (a name renamed at one use, the next use below expected renamed too)
     or "no-edit" (a line's end typed in full, or a name renamed at its every use in reach). None when
     the file gives none at the draw."""
     if not text.strip() or len(text) > MAX_FILE_CHARS or "\r" in text:
@@ -372,7 +373,7 @@ def synthetic_case(path: str, text: str, rng: random.Random) -> dict | None:
 
 
 def _synthetic_complete(text: str, base: dict, rng: random.Random, done: bool) -> dict | None:
-    lines = [m for m in re.finditer(r"[^\n]*\S[^\n]*\n", text)]
+    lines = list(re.finditer(r"[^\n]*\S[^\n]*\n", text))
     if not lines:
         return None
     line = rng.choice(lines)
@@ -417,3 +418,17 @@ def _synthetic_rename(text: str, base: dict, rng: random.Random, done: bool) -> 
                 "cursor": at + len(new), "expected": None}  # fmt: skip
     return {**base, "kind": "below", "before": text, "history": [edit], "cursor": first.start() + len(new),
             "expected": renamed}  # fmt: skip
+
+
+def synthetic_cases(files: list[tuple[str, str]], n: int, seed: int) -> list[dict]:
+    """`n` synthetic cases from (path, text) files drawn at random, reproducibly for one seed; fewer
+    when the files give fewer in 20 draws per case (none at all from files without code)."""
+    rng = random.Random(seed)
+    out: list[dict] = []
+    for _ in range(20 * n if files else 0):
+        if len(out) == n:
+            break
+        path, text = rng.choice(files)
+        if (case := synthetic_case(path, text, rng)) is not None:
+            out.append(case)
+    return out
