@@ -34,8 +34,8 @@ needs_model = pytest.mark.skipif(not (EMBEDDED_MODEL / "config.json").is_file(),
 class RawServer:
     """`llada-lsp serve --engine local` with raw bytes in; framed messages out, on a queue."""
 
-    def __init__(self, env: dict[str, str] | None = None):
-        command = [sys.executable, "-m", "llada_lsp", "serve", "--engine", "local", "--threads", "1"]
+    def __init__(self, env: dict[str, str] | None = None, args: tuple[str, ...] = ()):
+        command = [sys.executable, "-m", "llada_lsp", "serve", "--engine", "local", "--threads", "1", *args]
         pipe, env = subprocess.PIPE, {**os.environ, **(env or {})}
         self.process = subprocess.Popen(command, stdin=pipe, stdout=pipe, stderr=pipe, cwd=ROOT, env=env)
         self.messages: queue.Queue[dict | None] = queue.Queue()
@@ -144,6 +144,25 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise AssertionError("no VmRSS")
+
+
+@pytest.mark.parametrize("args", [("--stdio",), ("--stdio", "--clientProcessId=4242")])
+def test_the_server_starts_as_lsp_client_frameworks_start_it(args):
+    """vscode-languageclient appends `--stdio` (and other clients `--clientProcessId`) to the server's command:
+    the server must serve stdio as it does without them, not exit on an unknown argument."""
+    server = RawServer(args=args)
+    try:
+        server.send(frame(request(1, "initialize", {"processId": None, "rootUri": None, "capabilities": {}})))
+        assert "capabilities" in server.reply(1)["result"]
+        assert_alive(server)
+    finally:
+        server.close()
+
+
+def test_stdio_and_tcp_together_are_refused_readably():
+    done = subprocess.run([sys.executable, "-m", "llada_lsp", "--stdio", "--tcp", "127.0.0.1:1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=TIMEOUT)  # fmt: skip
+    assert done.returncode == 2 and "choose one transport" in done.stderr, done.stderr
 
 
 # --- limits (items 3, 4) ----------------------------------------------------------------------------

@@ -27,6 +27,11 @@ def parser() -> argparse.ArgumentParser:
         "model, over stdio (what editors start) or TCP. Clients can override the model and modes with "
         "initializationOptions and workspace/didChangeConfiguration (see docs/protocol.md).",
     )
+    # LSP client frameworks start a server with the transport they chose: vscode-languageclient appends
+    # `--stdio`, some clients add `--clientProcessId`. stdio is already the default, so both are accepted.
+    ap.add_argument("--stdio", action="store_true", help="serve LSP over stdio (the default; accepted because LSP "
+                    "client frameworks pass it)")  # fmt: skip
+    ap.add_argument("--clientProcessId", metavar="PID", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--tcp", metavar="HOST:PORT", help="serve LSP over TCP instead of stdio, one client at a "
                     "time, each sending the token of --token-file first (docs/protocol.md)")  # fmt: skip
     ap.add_argument("--token-file", metavar="PATH", help="the token for TCP (a file only you can read, mode 0600): "
@@ -63,6 +68,8 @@ def serve_main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         parser().error(str(err))
     launch = Launch(defaults, args.device, args.dtype, max(1, args.threads), args.engine, token)
+    if args.tcp and args.stdio:
+        parser().error("--stdio and --tcp: choose one transport")
     if args.tcp:
         try:
             host, port = tcp.parse_listen(args.tcp)
