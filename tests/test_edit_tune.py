@@ -1,6 +1,5 @@
 """The next-edit fine-tune's examples and batches (training/edit_tune.py). The example builder uses the
-server side's prompt (completion/next_edit.py) and edit history (server/history.py): where those are
-absent (this branch alone) its test is skipped."""
+server side's prompt (completion/next_edit.py) and edit history (completion/history.py)."""
 
 from __future__ import annotations
 
@@ -31,8 +30,6 @@ def test_the_batch_starts_the_generated_region_from_the_window_and_labels_it_wit
 
 
 def test_a_served_example_is_the_servers_prompt_and_the_revised_window():
-    pytest.importorskip("llada_lsp.completion.next_edit")
-    pytest.importorskip("llada_lsp.server.history")
     from transformers import AutoTokenizer
 
     from llada_lsp.completion.codec import TextCodec

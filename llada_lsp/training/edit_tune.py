@@ -1,8 +1,8 @@
 """Fine-tuning the embedded model on next edits (issue 27), mixed with its usual infill objective.
 
 An example is a mined case (training/edit_pairs.py) turned into exactly what the server builds for it:
-the case's history replayed through the server's edit history (server/history.py: coalesced as the
-server coalesces them), the window and prompt of completion/next_edit.py (`NextEdit.at`,
+the case's history replayed through the server's edit history (completion/history.py: coalesced as
+the server coalesces them), the window and prompt of completion/next_edit.py (`NextEdit.at`,
 `next_edit_prompt`, the draft with its gap at the cursor), and as the target the window after the
 expected edit over the same positions (an insertion at the cursor fills the gap; the window itself
 for a no-edit case; the gap's positions the edit leaves empty hold end-of-text). Examples whose expected edit falls outside the window, or whose target does not fit the
@@ -37,8 +37,8 @@ class EditExample:
 def served_job(case: dict, context_tokens: int, history: bool = True):
     """(job, window start, text) of a case as the server would ask it: its history replayed through the
     server's edit history (coalesced as the server coalesces it), then `NextEdit.at` at its cursor."""
-    from ..completion.next_edit import NextEdit  # the server side's, so both agree
-    from ..server.history import History
+    from ..completion.history import History  # the server's own, so both coalesce alike
+    from ..completion.next_edit import NextEdit
 
     h = History(clock=lambda: 0.0)  # the benchmark replays a history at once: edits that touch coalesce
     text = case["before"]
