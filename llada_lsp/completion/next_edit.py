@@ -34,12 +34,9 @@ MAX_DELETE_SHARE = 0.25  # a suggestion that removes more than this share of the
 # taken to be unsure (it kept changing its mind): only silences a model that flip-flops.
 MAX_MEAN_REWRITES = 2.0
 # The confidence gate: a suggestion whose changed tokens' mean confidence (the probability of each
-# position's greedy id at the step that last ran it) is below this stays silent. Measured with
-# examples/next_edit_gate.py on 300 mined training cases (never the held-out set): the shipped model
-# made 46 suggestions past the other gates, none of them exact, all but one at a mean confidence of
-# 0.95 or more, so no threshold raises exact match and the gate is off (0) for it; a fine-tune of it
-# on edits (60 CPU minutes) made 59, none exact, spread from about 0.2 up (best: silence at 0.95). A model
-# whose confidence separates right from wrong suggestions gets its threshold from the same script.
+# position's greedy id at the step that last ran it) is below this stays silent. Set per model from
+# mined training cases, never held-out ones (`llada-lab next-edit-gate`; docs/results.md): 0, off, for
+# the embedded model, whose wrong suggestions are as confident as right ones would be.
 MIN_EDIT_CONFIDENCE = 0.0
 GAP_TOKENS = 8  # positions left at the cursor for an insertion (FIM layout): the draft's room to insert there
 WINDOW_TOKENS = 512  # a window's most tokens, and at most a third of the model's positions (the rest: context)
@@ -129,13 +126,11 @@ def next_edit_prompt(history: tuple[str, ...] | list[str], before: str, window: 
     The newest edits are kept within 1/HISTORY_SHARE of the budget; the window itself is never cut
     (SelectionTooLong from the caller's limits when it cannot fit).
 
-    The draft is the window's ids (with its gap of masks at the cursor), then end-of-text (not masks)
+    The draft is the window's ids (with its gap of masks at the cursor), then end-of-text, not masks,
     as the room to grow, to the end of the block the generated region ends in (`block_size`: the
-    model's): no other position of the canvas is a mask, so a window the model keeps is confirmed in a
-    forward per few blocks, the gap's block in a few more. With masks in the room (the room and
-    the block's rest past the region, which the engine decodes too), the last block filled them one per
-    forward at quality's threshold: 10-26 of a suggestion's ~20 forwards on the embedded model. Growing
-    the window is an edit of an end-of-text, as any other token's."""
+    model's). No other position is a mask, because the engine decodes every position of the last block
+    and masks there would be filled one per forward: a window the model keeps is confirmed in a forward
+    per few blocks. Growing the window is an edit of an end-of-text, as any other token's."""
     window_ids = draft_ids(window, cursor, codec)
     gen_length = len(window_ids) + grow_room(len(window_ids))
     min_prompt = min(64, max_positions // 4)
