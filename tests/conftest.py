@@ -51,7 +51,7 @@ def model64(golden_dir):
 
 # A sample of the generate cases that holds every kind of setting they have (test_golden's
 # `test_the_sample_covers_every_setting_kind` keeps it so), one reason each (block = 32 positions):
-# A network small enough to train a few steps in a test (config overrides of `llada-lsp train --config`).
+# A network small enough to train a few steps in a test (config overrides of `llada-lab train --config`).
 TINY_NETWORK = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                     intermediate_size=128, moe_intermediate_size=32, num_experts=4, n_group=2, topk_group=1)  # fmt: skip
 

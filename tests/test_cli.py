@@ -52,7 +52,7 @@ def test_bad_input_is_one_line_and_nonzero(golden_dir, tmp_path):
 def test_help_lists_the_subcommands():
     p = run("--help")
     assert p.returncode == 0
-    for name in ("generate", "bench", "complete", "rewrite", "train", "eval-infill"):
+    for name in ("serve", "engine", "generate", "bench", "complete", "rewrite", "plan"):
         assert name in p.stdout
 
 

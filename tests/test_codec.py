@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from llada_lab.training.objective import HOLE_KINDS, SampleStream, parse_hole_weights
 from llada_lsp.completion.codec import TextCodec
 from llada_lsp.completion.prompt import infill_prompt
-from llada_lsp.training.objective import HOLE_KINDS, SampleStream, parse_hole_weights
 
 SOURCE = (
     'EOS = "<|endoftext|>"  # the end-of-text marker, spelled out\n'

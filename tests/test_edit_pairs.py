@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from llada_lsp.commands.edit_pairs import EVAL_SET, MANIFEST
-from llada_lsp.training import edit_pairs as ep
+from llada_lab.commands.edit_pairs import EVAL_SET, MANIFEST
+from llada_lab.training import edit_pairs as ep
 
 BEFORE = 'def f(a):\n    """Doc."""\n    x = a + 1\n    return x\n\n\ndef g(b):\n    y = f(b)\n    return y\n'
 AFTER = 'def f(a, k):\n    """Doc."""\n    x = a + k\n    return x\n\n\ndef g(b):\n    y = f(b, 2)\n    return y\n'

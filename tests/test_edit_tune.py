@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from llada_lsp.training.edit_tune import EditExample, edit_batch
+from llada_lab.training.edit_tune import EditExample, edit_batch
 
 MASK, EOS = 1, 0
 
@@ -32,9 +32,9 @@ def test_the_batch_starts_the_generated_region_from_the_window_and_labels_it_wit
 def test_a_served_example_is_the_servers_prompt_and_the_revised_window():
     from transformers import AutoTokenizer
 
+    from llada_lab.training.edit_tune import served_example
     from llada_lsp.completion.codec import TextCodec
     from llada_lsp.model import EMBEDDED_MODEL
-    from llada_lsp.training.edit_tune import served_example
 
     if not (EMBEDDED_MODEL / "tokenizer.json").is_file():
         pytest.skip("no embedded model")
@@ -63,9 +63,9 @@ def test_a_served_example_is_the_servers_prompt_and_the_revised_window():
 
 
 def test_the_target_fills_the_gap_only_with_an_insertion_at_the_cursor():
+    from llada_lab.training.edit_tune import aligned, gapped
     from llada_lsp.completion.codec import TextCodec
     from llada_lsp.model import load_tokenizer
-    from llada_lsp.training.edit_tune import aligned, gapped
 
     window = "x = 1\ny = \nz = 3\n"
     cursor = window.index("y = ") + 4
@@ -83,12 +83,12 @@ def test_the_target_fills_the_gap_only_with_an_insertion_at_the_cursor():
 
 @pytest.mark.slow
 def test_a_tuned_model_says_it_fills_the_gap_and_the_server_gives_it_one(tmp_path, one_torch_thread):
-    """`llada-lsp tune-next-edit` for one step: its candidate's config carries `next_edit_gap`, which the
+    """`llada-lab tune-next-edit` for one step: its candidate's config carries `next_edit_gap`, which the
     native backend reads into `LoadedModel.edit_gap` (the shipped model has none: its drafts get no gap)."""
+    from llada_lab.commands.tune_next_edit import tune_next_edit_main
+    from llada_lab.training import edit_pairs as ep
     from llada_lsp.backends import native
-    from llada_lsp.commands.tune_next_edit import tune_next_edit_main
     from llada_lsp.completion.generation import ModelSpec
-    from llada_lsp.training import edit_pairs as ep
 
     source = "def total(items, rate):\n    subtotal = sum(items)\n    return subtotal * rate\n"
     cases = [c for seed in range(40) if (c := ep.synthetic_case("m.py", source, random.Random(seed)))]

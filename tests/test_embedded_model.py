@@ -9,11 +9,11 @@ import threading
 
 import pytest
 
+from llada_lab.training.corpus import is_held_out
 from llada_lsp.backends.native import load
 from llada_lsp.completion.generation import ModelSpec
 from llada_lsp.completion.jobs import Infill
 from llada_lsp.completion.pipeline import run_infill
-from llada_lsp.training.corpus import is_held_out
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,4 +1,4 @@
-"""`llada-lsp eval-next-edit`'s harness: positions, applying an answer, and a whole run against a
+"""`llada-lab eval-next-edit`'s harness: positions, applying an answer, and a whole run against a
 stand-in server (tests/fakes/next_edit_server.py) that keeps the document from the replayed history."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from llada_lsp.commands import eval_next_edit as ev
-from llada_lsp.training.edit_pairs import write_jsonl_gz
+from llada_lab.commands import eval_next_edit as ev
+from llada_lab.training.edit_pairs import write_jsonl_gz
 
 FAKE = Path(__file__).parent / "fakes" / "next_edit_server.py"
 TEXT = "# 😀 é\ndef f(a):\n    return a\n"

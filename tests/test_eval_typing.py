@@ -1,9 +1,9 @@
-"""The simulated user of `llada-lsp eval-typing` and its scores (pure: no server, no model)."""
+"""The simulated user of `llada-lab eval-typing` and its scores (pure: no server, no model)."""
 
 from __future__ import annotations
 
-from llada_lsp.training.corpus import SourceFile
-from llada_lsp.training.eval_typing import Replay, Span, User, make_spans, paired_saved, scores
+from llada_lab.training.corpus import SourceFile
+from llada_lab.training.eval_typing import Replay, Span, User, make_spans, paired_saved, scores
 
 FILE = SourceFile("pkg/mod.py", "".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(12)))
 

@@ -31,7 +31,7 @@ MINI = ROOT / "tests" / "data" / "configs" / "llada2.1-mini.json"
 
 
 def example(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -183,7 +183,7 @@ def test_an_fp8_model_generates(golden_fp8, cases):
 
 # --- the device check --------------------------------------------------------------------------------
 def test_the_device_check_builds_what_the_plan_counts():
-    """examples/host_flash_check.py's network, at cut-down shapes on the CPU: its bytes are the plan's."""
+    """benchmarks/host_flash_check.py's network, at cut-down shapes on the CPU: its bytes are the plan's."""
     raw = json.loads(MINI.read_text())
     raw |= {"hidden_size": 256, "moe_intermediate_size": 192, "intermediate_size": 512, "vocab_size": 1024,
             "num_experts": 16, "n_group": 4, "topk_group": 2, "num_hidden_layers": 2, "mask_token_id": 1023,
@@ -198,8 +198,10 @@ def test_the_device_check_builds_what_the_plan_counts():
         assert torch.isfinite(model(torch.arange(40)[None])).all()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: run examples/host_flash_check.py itself")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="a CUDA device is here: run benchmarks/host_flash_check.py itself"
+)
 def test_the_device_check_says_it_needs_a_gpu():
-    p = subprocess.run([sys.executable, str(ROOT / "examples" / "host_flash_check.py")], capture_output=True,
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "host_flash_check.py")], capture_output=True,
                        text=True, timeout=120)  # fmt: skip
     assert p.returncode == 2 and "no CUDA device" in p.stdout

@@ -1,4 +1,4 @@
-"""examples/gpu_check.sh, the one device command of a GPU run, checked on the CPU: its time boxes (kill
+"""benchmarks/gpu_check.sh, the one device command of a GPU run, checked on the CPU: its time boxes (kill
 grace included) add up to at most 540 s, so it always ends inside a device command's 600 s with its
 summary written; it runs `python3` unless PYTHON says otherwise; and without CUDA it still writes
 summary.json under $OUT and exits 2."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "gpu_check.sh"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.sh"
 BUDGET = 540
 
 

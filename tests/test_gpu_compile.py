@@ -1,5 +1,5 @@
 """Every Triton kernel compiled ahead of time for Hopper (sm_90) and Ampere (sm_80) on the CPU, with the
-launchers' real argument bindings at LLaDA2.1-mini and -flash shapes (llada_lsp/kernels/aot.py), and
+launchers' real argument bindings at LLaDA2.1-mini and -flash shapes (llada_lab/aot.py), and
 the kernels' declared targets: FP8 experts below sm_89 and a kernel that fails to compile at run time
 take the torch path instead of raising.
 
@@ -36,7 +36,7 @@ def test_every_kernel_compiles_for_sm90_and_sm80_without_spills(tmp_path):
         pytest.skip("triton's bundled ptxas is missing from this install")
     report = tmp_path / "aot.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
-    run = subprocess.run([sys.executable, "-m", "llada_lsp.kernels.aot", "--arch", "90", "80", "--json", str(report)],
+    run = subprocess.run([sys.executable, "-m", "llada_lab", "compile-kernels", "--arch", "90", "80", "--json", str(report)],
                          check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)  # fmt: skip
     assert report.exists(), run.stdout[-3000:] + run.stderr[-3000:]
     variants = json.loads(report.read_text())

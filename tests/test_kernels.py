@@ -277,7 +277,7 @@ GOLDEN_CASES = ("A18_P45_G96_quality_eosstop", "A21_P45_G64_speed_post2")
 def test_engine_with_the_kernels_gives_the_golden_tokens(fm, jt, golden_dir, golden_generate, case_id, monkeypatch):
     """float32 on the CPU: the MoE layers through fused_moe and every step through joint_threshold_step,
     exact parity with the reference. On CUDA the kernels' float32 GEMMs are IEEE too, but cuBLAS and
-    the kernels sum in other orders: test_cuda.py's bf16 bar is the bar there (examples/gpu_check.sh)."""
+    the kernels sum in other orders: test_cuda.py's bf16 bar is the bar there (benchmarks/gpu_check.sh)."""
     if DEVICE == "cuda":
         pytest.skip("exact float32 parity is the CPU's bar; on CUDA tests/test_cuda.py's bf16 bar applies")
     from llada_lsp import Engine, JointThreshold, kernels, load_model

@@ -1,4 +1,4 @@
-"""The scores of `llada-lsp eval-next-edit` on small known examples (training/eval_next_edit.py)."""
+"""The scores of `llada-lab eval-next-edit` on small known examples (training/eval_next_edit.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from llada_lsp.training import eval_next_edit as m
+from llada_lab.training import eval_next_edit as m
 
 CURRENT = "def area(width, height):\n    return w * h\n"
 RIGHT = "def area(width, height):\n    return width * height\n"

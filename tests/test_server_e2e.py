@@ -27,12 +27,12 @@ from pygls.protocol.json_rpc import JsonRPCRequestMessage
 from pytest_lsp import ClientServerConfig, LanguageClient
 from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, register_lsp_features
 
+from llada_lab.training.train import init_weights
 from llada_lsp.backends.native import load
 from llada_lsp.completion.generation import ModelSpec
 from llada_lsp.completion.jobs import Infill
 from llada_lsp.completion.pipeline import run_infill
 from llada_lsp.model import EMBEDDED_MODEL, LLaDA2, LLaDA2Config, save_model
-from llada_lsp.training.train import init_weights
 
 pytestmark = [
     pytest.mark.slow,  # every test here talks to a real server process

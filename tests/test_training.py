@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import TINY_NETWORK
 
-from llada_lsp.commands.train import train_main
-from llada_lsp.training.corpus import is_held_out, iter_files
-from llada_lsp.training.objective import cut_hole, noise_batch, training_mask
+from llada_lab.commands.train import train_main
+from llada_lab.training.corpus import is_held_out, iter_files
+from llada_lab.training.objective import cut_hole, noise_batch, training_mask
 
 
 def test_training_mask_hides_the_noisy_copy_from_later_blocks():
@@ -88,9 +88,9 @@ def test_a_few_steps_lower_the_loss(tmp_path, restore_threads):
 
 
 def test_fim_samples_end_with_a_run_of_end_of_text():
+    from llada_lab.training.objective import SampleStream
     from llada_lsp.completion.layouts import SpecialIds
     from llada_lsp.model import load_tokenizer
-    from llada_lsp.training.objective import SampleStream
 
     tok = load_tokenizer(None)
     special = SpecialIds.from_tokenizer(tok)
@@ -106,8 +106,8 @@ def test_fim_samples_end_with_a_run_of_end_of_text():
 
 
 def test_hole_weights_set_the_sample_mix():
+    from llada_lab.training.objective import HOLE_KINDS, SampleStream, parse_hole_weights
     from llada_lsp.model import load_tokenizer
-    from llada_lsp.training.objective import HOLE_KINDS, SampleStream, parse_hole_weights
 
     assert parse_hole_weights("rest_of_line=0.6")[0] == 0.6
     assert parse_hole_weights("plain=0,span=0")[HOLE_KINDS.index("span")] == 0
@@ -123,7 +123,7 @@ def test_hole_weights_set_the_sample_mix():
 def test_confidence_loss_sharpens_only_correct_predictions():
     """--confidence-weight adds w x the entropy at masked positions whose argmax is already right, and
     its gradient touches only those positions."""
-    from llada_lsp.training.objective import block_diffusion_loss
+    from llada_lab.training.objective import block_diffusion_loss
 
     B, L, V, mask_id = 2, 64, 50, 1
     x = torch.randint(5, V, (B, L), generator=torch.Generator().manual_seed(0))
@@ -159,7 +159,7 @@ def test_confidence_loss_sharpens_only_correct_predictions():
 def test_self_fill_writes_the_models_confident_guesses_into_masks():
     """--self-fill: a chosen block's masks get the model's argmax where it is confident (never a mask);
     a wrong guess is labelled with the original at full weight, a right one at the keep weight."""
-    from llada_lsp.training.objective import self_fill
+    from llada_lab.training.objective import self_fill
 
     B, L, V, mask_id = 2, 64, 50, 1
     x = torch.randint(5, V, (B, L), generator=torch.Generator().manual_seed(0))
@@ -183,7 +183,7 @@ def test_self_fill_writes_the_models_confident_guesses_into_masks():
     unchanged = self_fill(logits, x, noisy, weights, mask_id, 32, 0.0, 0.1, gen)
     assert torch.equal(unchanged[0], noisy) and torch.equal(unchanged[1], weights)
 
-    from llada_lsp.training.objective import block_diffusion_loss
+    from llada_lab.training.objective import block_diffusion_loss
 
     seen = []
 
@@ -198,8 +198,8 @@ def test_self_fill_writes_the_models_confident_guesses_into_masks():
 
 @pytest.mark.slow
 def test_eval_infill_scores_modes_and_compares_them_in_pairs(capsys, restore_threads):
-    from llada_lsp.commands.eval_infill import eval_infill_main
-    from llada_lsp.training import eval_infill
+    from llada_lab.commands.eval_infill import eval_infill_main
+    from llada_lab.training import eval_infill
 
     assert eval_infill_main(["--n", "2", "--kinds", "rest_of_line", "--modes", "speed,no-edit", "--threads", "1"]) == 0
     out = capsys.readouterr().out

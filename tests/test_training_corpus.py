@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import TINY_NETWORK
 
-from llada_lsp.training import corpus
-from llada_lsp.training.corpus import CorpusError, is_held_out
+from llada_lab.commands.corpus import corpus_main
+from llada_lab.training import corpus
+from llada_lab.training.corpus import CorpusError, is_held_out
 
 MIT_TEXT = (
     "Copyright (c) 2020 Someone\n\nPermission is hereby granted, free of charge, to any person obtaining a copy\n"
@@ -152,7 +153,7 @@ def test_build_verifies_the_sha256_resumes_and_says_what_to_do_offline(tmp_path,
     cache = tmp_path / "cache"
 
     argv = ["--cache", str(cache), "--manifest", str(manifest), "--stdlib", str(fake_stdlib)]
-    assert corpus.main([*argv, "--offline"]) == 1
+    assert corpus_main([*argv, "--offline"]) == 1
     assert "shapes-1.0.tar.gz is not in" in capsys.readouterr().err
     with pytest.raises(CorpusError, match=r"offline\? put shapes-1.0.tar.gz \(sha256 [0-9a-f]{64}\) in"):
         corpus.build(cache, manifest, download=offline, stdlib=fake_stdlib, log=lambda _: None)
@@ -191,7 +192,7 @@ def test_the_candidate_run_trains_resumes_scores_and_decides(tmp_path, fake_stdl
     """The GPU entry point on the CPU: a tiny network, a tiny corpus, a few steps, then the comparison."""
     import torch
 
-    from llada_lsp.commands import candidate
+    from llada_lab.commands import candidate
 
     index = Index(tmp_path / "index")
     make_sdist(index.folder, "shapes", "1.0", "License-Expression: MIT", MIT_TEXT, package_files())
@@ -236,21 +237,21 @@ def test_the_candidate_run_trains_resumes_scores_and_decides(tmp_path, fake_stdl
 
 
 def test_the_candidate_run_says_how_to_build_a_missing_corpus(tmp_path, capsys):
-    from llada_lsp.commands import candidate
+    from llada_lab.commands import candidate
 
     assert candidate.candidate_main(["--out", str(tmp_path / "run"), "--corpus", str(tmp_path / "none")]) == 2
-    assert "python -m llada_lsp.training.corpus --cache" in capsys.readouterr().err
+    assert "llada-lab corpus --cache" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # loads torch in a subprocess
-def test_the_gpu_script_runs_the_candidate_module(tmp_path):
-    """examples/train_gpu.sh runs `python3 -m MODULE`: that module exists and is runnable."""
+def test_the_gpu_script_runs_the_candidate_command(tmp_path):
+    """llada_lab/scripts/train_gpu.sh runs `python3 -m MODULE SUBCOMMAND`: that command exists and runs."""
     import subprocess
     import sys
 
-    script = (Path(__file__).resolve().parents[1] / "examples" / "train_gpu.sh").read_text()
-    module = re.search(r"python3 -m ([\w.]+)", script)[1]
-    assert module == "llada_lsp.commands.candidate"
-    argv = [sys.executable, "-m", module, "--out", str(tmp_path / "run"), "--corpus", str(tmp_path / "none")]
+    script = (Path(__file__).resolve().parents[1] / "llada_lab" / "scripts" / "train_gpu.sh").read_text()
+    module, command = re.search(r"python3 -m ([\w.]+) ([\w-]+)", script).groups()
+    assert (module, command) == ("llada_lab", "candidate")
+    argv = [sys.executable, "-m", module, command, "--out", str(tmp_path / "run"), "--corpus", str(tmp_path / "none")]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 2 and f"python -m {module}: error:" in p.stderr and "lacks train.jsonl.gz" in p.stderr
+    assert p.returncode == 2 and "llada-lab candidate: error:" in p.stderr and "lacks train.jsonl.gz" in p.stderr
