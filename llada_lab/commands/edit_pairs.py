@@ -2,7 +2,7 @@
 copies of the repositories it names.
 
 The manifest names each repository, its licence, its split (`train`: mined for the fine-tune;
-`eval`: held out by repository, the shipped evaluation set), the head commit mined and the commits
+`eval`: held out by repository, the evaluation set in data/next_edit/), the head commit mined and the commits
 (and, for eval, the files) the cases come from. Without --discover this rebuilds exactly those cases
 (same seed, same commits); with --discover it mines each repository's whole history at its head,
 picks the evaluation set afresh and rewrites the manifest. The cutting is training/edit_pairs.py.
@@ -47,7 +47,7 @@ def edit_pairs_main(argv: list[str] | None = None) -> int:
         help="mine the whole history at each head, choose the evaluation set anew, rewrite the manifest",
     )
     ap.add_argument("--eval-out", default=str(EVAL_SET), help="default: the lab's data/next_edit/cases.jsonl.gz")
-    ap.add_argument("--train-out", default=str(TRAIN_SET), help="default: %(default)s (not shipped)")
+    ap.add_argument("--train-out", default=str(TRAIN_SET), help="default: %(default)s (not kept in the repository)")
     ap.add_argument("--only", choices=["eval", "train"], default=None, help="rebuild one split only")
     args = ap.parse_args(argv)
     manifest = json.loads(Path(args.manifest).read_text())
