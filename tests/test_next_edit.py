@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from llada_lsp.completion.generation import Draft, LoadedModel, ModelSpec, Result
+from llada_lsp.completion.history import MAX_EDITS, History
 from llada_lsp.completion.next_edit import (
     GAP_TOKENS,
     MAX_MEAN_REWRITES,
@@ -25,7 +26,6 @@ from llada_lsp.completion.next_edit import (
     next_edit_prompt,
 )  # fmt: skip
 from llada_lsp.completion.prompt import TextCodec
-from llada_lsp.server.history import MAX_EDITS, History
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "hooks"))
 import scripted_next_edit  # noqa: E402  (the test hook, not part of the package)
