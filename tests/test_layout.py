@@ -1,16 +1,21 @@
 """The package's layout as docs/architecture.md draws it: data flows one way (commands -> the LSP front
 and the engine service -> backends -> the model thread -> the completion pipeline -> engine -> model ->
 kernels), so no module imports one of a layer above its own, and no two modules import each other in a
-circle; rooms stay small; every command's entry point lives in commands/.
+circle; the LSP front imports no backend (the command that starts it hands it the model's loader); the
+product never imports the lab (llada_lab), and the lab's training no part of the server; rooms stay
+small; every command's entry point lives in commands/.
 
-Read from the source with `ast` (every import, in functions too); nothing is imported."""
+Read from the source with `ast` (every import, in functions and under `if TYPE_CHECKING:` too: a circle
+a type checker follows is a circle a reader follows); nothing is imported."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "llada_lsp"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "llada_lsp"
+PACKAGES = ("llada_lsp", "llada_lab")  # the product and the lab: the imports followed are theirs
 # Lower is higher up. A module may import its own layer and any below it.
 LAYERS = {
     "cli": 0, "__main__": 0, "commands": 0,
@@ -29,39 +34,50 @@ SMALL_ROOMS = ("server", "service", "backends", "runtime")
 MAX_LINES = 400
 
 
-def modules() -> dict[str, Path]:
+def modules(package: str = "llada_lsp") -> dict[str, Path]:
     out = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE).with_suffix("").parts
-        out[".".join(("llada_lsp", *parts))] = path
+    for path in (ROOT / package).rglob("*.py"):
+        parts = path.relative_to(ROOT / package).with_suffix("").parts
+        out[".".join((package, *parts))] = path
     return out
 
 
+def ours(module: str) -> bool:
+    return module.split(".")[0] in PACKAGES
+
+
 def imports(name: str, path: Path) -> set[str]:
-    """The llada_lsp modules `name` imports when it runs, in functions too (`if TYPE_CHECKING:` blocks
-    are for type checkers and are left out; `from pkg import x` counts pkg and pkg.x)."""
+    """The modules of PACKAGES `name` imports, in functions and `if TYPE_CHECKING:` blocks too, and
+    by name through `importlib.import_module("...")` (`from pkg import x` counts pkg and pkg.x)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
 
     def walk(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            return
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names if alias.name.startswith("llada_lsp"))
+            found.update(alias.name for alias in node.names if ours(alias.name))
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            if module.startswith("llada_lsp"):
+            if ours(module):
                 found.add(module)
                 found.update(f"{module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Call) and _import_module(node.func) and node.args:
+            named = node.args[0]
+            if isinstance(named, ast.Constant) and isinstance(named.value, str) and ours(named.value):
+                found.add(named.value)
         for child in ast.iter_child_nodes(node):
             walk(child)
 
     walk(ast.parse(path.read_text()))
     return found
+
+
+def _import_module(func: ast.expr) -> bool:
+    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id in ("import_module", "__import__"))  # fmt: skip
 
 
 def layer(module: str) -> int:
@@ -82,7 +98,7 @@ def test_no_import_points_up_a_layer():
 
 
 def test_no_import_circle():
-    known = modules()
+    known = {**modules("llada_lsp"), **modules("llada_lab")}
     graph = {name: {t for t in imports(name, path) if t in known and t != name}
              for name, path in known.items()}  # fmt: skip
     seen, stack, circles = set(), [], []
@@ -104,6 +120,35 @@ def test_no_import_circle():
     packages = {n for n, p in known.items() if p.name == "__init__.py"}
     circles = [c for c in circles if not any(part in packages for part in c.split(" -> "))]
     assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def offending(package: str, under: str, target: str) -> list[str]:
+    """`name -> import` for each module of `package` under the folder `under` ("": all of it) that
+    imports `target` or a module inside it."""
+    return sorted(f"{name} -> {t}" for name, path in modules(package).items()
+                  if not under or name.startswith(f"{package}.{under}.")
+                  for t in imports(name, path) if t == target or t.startswith(f"{target}."))  # fmt: skip
+
+
+def test_the_front_imports_no_backend():
+    """The model in an LSP front's own process comes from the command that starts it (`Launch.loader`,
+    commands/serve.py), so a front for an engine service, or under test, carries no backend."""
+    found = offending("llada_lsp", "server", "llada_lsp.backends")
+    assert not found, "server/ imports backends/:\n" + "\n".join(found)
+
+
+def test_the_product_never_imports_the_lab():
+    found = offending("llada_lsp", "", "llada_lab")
+    assert not found, "llada_lsp imports llada_lab:\n" + "\n".join(found)
+
+
+def test_training_imports_no_part_of_the_server():
+    """Training replays what the server does through the layers below it (completion/history.py,
+    completion/next_edit.py), never through the LSP front."""
+    where = [(package, "training") for package in PACKAGES if (ROOT / package / "training").is_dir()]
+    assert where, "no training package (llada_lsp/training or llada_lab/training): where did it go?"
+    found = [line for package, under in where for line in offending(package, under, "llada_lsp.server")]
+    assert not found, "training imports the server:\n" + "\n".join(found)
 
 
 def test_the_rooms_stay_small():

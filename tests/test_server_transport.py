@@ -307,7 +307,7 @@ def test_an_internal_error_reaches_the_client_as_one_line_without_the_traceback(
     from pygls.io_ import StdoutWriter
 
     from llada_lsp.server.handlers import create_server
-    from llada_lsp.server.main import Launch
+    from llada_lsp.server.language_server import Launch
     from llada_lsp.server.transport import serve_stream
 
     ls = create_server(Launch(engine="unix:/nonexistent/llada-test.sock"))  # no model, no service: fails fast

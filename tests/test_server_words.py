@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from lsprotocol import types as t
 
 from llada_lsp.server.documents import Document
-from llada_lsp.server.handlers import _end_of_word
+from llada_lsp.server.inline import _end_of_word
 
 LS = SimpleNamespace(encoding="utf-16")
 LINE = "    return su\n"

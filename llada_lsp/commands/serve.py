@@ -1,7 +1,8 @@
 """`llada-lsp` / `llada-lsp serve`: the language server's command line, over stdio (what editors
 start) or TCP, and the process's exit code.
 
-Command line and process only: the server is server/main.py and server/handlers.py.
+Command line and process only: the server is server/language_server.py and server/handlers.py. This
+is also where the server's model in this process is chosen: the native backend's loader.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import logging
 import sys
 
 from ..address import parse_address, read_token
+from ..backends import native
 from ..completion.generation import add_model_arguments
 from ..server import tcp
 from ..server.completers import LocalCompleter
 from ..server.handlers import create_server
-from ..server.main import Launch, LladaServer
+from ..server.language_server import Launch, LladaServer
 from ..server.protocol import exit_now
 from ..server.settings import MODES, Settings
 
@@ -67,7 +69,7 @@ def serve_main(argv: list[str] | None = None) -> int:
             token = read_token(args.token_file)
     except (ValueError, OSError) as err:
         parser().error(str(err))
-    launch = Launch(defaults, args.device, args.dtype, max(1, args.threads), args.engine, token)
+    launch = Launch(defaults, args.device, args.dtype, max(1, args.threads), args.engine, token, native.load)
     if args.tcp and args.stdio:
         parser().error("--stdio and --tcp: choose one transport")
     if args.tcp:

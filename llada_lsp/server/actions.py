@@ -2,7 +2,7 @@
 whose UI knows code actions, not our command) and the `workspace/applyEdit` of its result, in the form
 the client said it can apply, or none, with an answer bounded in time.
 
-Knows pygls and lsprotocol and the server's state (main.py); nothing of models or jobs.
+Knows pygls and lsprotocol and the server's state (language_server.py); nothing of models or jobs.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pygls.protocol import default_converter
 
-from .main import LladaServer
+from .language_server import LladaServer
+from .open_documents import span
 
 REWRITE = "llada.rewriteSelection"
 REWRITE_TITLE = "Rewrite selection (LLaDA)"
@@ -32,7 +33,7 @@ def code_action(ls: LladaServer, params: types.CodeActionParams) -> list[types.C
     if only and not any(kind == k or kind.startswith(f"{k}.") for k in only):
         return []
     try:
-        _, _, target = ls.span(doc, params.range)
+        _, _, target = span(doc, params.range, ls.encoding)
     except JsonRpcException:  # a range outside the document: nothing to offer, not an error
         return []
     argument = {"textDocument": {"uri": doc.uri, "version": doc.version}, "range": _CONVERTER.unstructure(target)}

@@ -26,6 +26,18 @@ from ..service.client import EngineClient, EngineFailure
 DraftCallback = Callable[[int, Any], None]
 
 
+def next_edit_key(uri: str) -> str:
+    """The key of a document's next-edit jobs. A newer job of a key supersedes the older one; inline
+    completions are keyed by the document's URI alone, so a next edit and a completion never cancel
+    each other."""
+    return f"next-edit:{uri}"
+
+
+def rewrite_key(uri: str) -> str:
+    """The key of a document's rewrites (see `next_edit_key`)."""
+    return f"rewrite:{uri}"
+
+
 class CompletionFailed(Exception):
     """A request the completer could not serve; the message is for the user."""
 

@@ -1,4 +1,5 @@
-"""Open documents: text and version per URI, incremental edits applied through positions.py.
+"""An open document: its text and version, incremental edits applied through positions.py (the store of
+every open one is open_documents.py).
 
 Knows nothing of pygls, the model or prompts. Lines end at "\\n", "\\r\\n" or "\\r", as the LSP says
 (str.splitlines would also split at form feeds and other characters editors keep inside a line).
@@ -75,18 +76,3 @@ class Document:
 
     def replace(self, text: str) -> None:
         self.text, self._starts = text, None
-
-
-class Documents:
-    def __init__(self):
-        self._docs: dict[str, Document] = {}
-
-    def open(self, uri: str, version: int, text: str, language: str = "") -> Document:
-        self._docs[uri] = Document(uri, version, text, language)
-        return self._docs[uri]
-
-    def get(self, uri: str) -> Document | None:
-        return self._docs.get(uri)
-
-    def close(self, uri: str) -> None:
-        self._docs.pop(uri, None)

@@ -1,8 +1,8 @@
 """Next-edit suggestions over the LSP: `llada/nextEdit`, the same under Copilot's
 `textDocument/copilotInlineEdit` (so clients built for it work unchanged), and the code action
 "Apply suggested edit" for every other client. Each asks `suggest`, which cuts the job around the
-cursor with the document's recent edits (history.py), runs it and turns the revised window into
-document ranges, for the version asked about only.
+cursor with the document's recent edits (completion/history.py), runs it and turns the revised window
+into document ranges, for the version asked about only.
 
 Knows pygls, lsprotocol and jobs as plain values; the pipeline is completion/next_edit.py.
 """
@@ -17,7 +17,8 @@ from pygls.exceptions import JsonRpcInvalidParams
 
 from ..completion.next_edit import NextEdit, changes
 from ..completion.syntax import is_python
-from .main import LladaServer
+from .completers import next_edit_key
+from .language_server import LladaServer
 
 NEXT_EDIT, COPILOT_INLINE_EDIT = "llada/nextEdit", "textDocument/copilotInlineEdit"
 APPLY_TITLE = "Apply suggested edit"
@@ -59,14 +60,14 @@ async def suggest(ls: LladaServer, uri: str, version: int, position: types.Posit
     offset = doc.offset(position.line, position.character, ls.encoding)
     if offset is None:
         return None
-    history = ls.history
+    history = ls.documents.history
     last = history.last(uri)
     job, start = NextEdit.at(doc.text, offset, history.diffs(uri) if ls.settings.next_edit_history else (),
                              (last.start, last.old, last.new) if last else None, ls.settings.context_tokens,
                              is_python(doc.language, uri))  # fmt: skip
     if not job.window.strip():  # nothing to revise: a model would only write new code there
         return None
-    outcome = await ls.run_job(f"next-edit:{uri}", f"next-edit {ls.protocol.msg_id}", job)
+    outcome = await ls.run_job(next_edit_key(uri), f"next-edit {ls.protocol.msg_id}", job)
     now = ls.documents.get(uri)
     if now is None or now.version != version:  # typed on meanwhile: never an edit against changed text
         return None
@@ -104,7 +105,7 @@ async def next_edit(ls: LladaServer, params: Any) -> dict[str, Any]:
     s = await suggest(ls, uri, version, position)
     if s is None:
         return {"edits": []}
-    ls.history.offer(uri, s.edits, version)
+    ls.documents.history.offer(uri, s.edits, version)
     edits = [{"range": _wire_range(ls, uri, a, b), "newText": t} for a, b, t in s.edits]
     return {"edits": edits, "version": version}
 
@@ -115,7 +116,7 @@ async def copilot_inline_edit(ls: LladaServer, params: Any) -> dict[str, Any]:
     if s is None:
         return {"edits": []}
     a, b, text = _merged(ls, s)
-    ls.history.offer(uri, [(a, b, text)], version)
+    ls.documents.history.offer(uri, [(a, b, text)], version)
     edit = {"text": text, "range": _wire_range(ls, uri, a, b), "textDocument": {"uri": uri, "version": version}}
     return {"edits": [edit]}
 
@@ -129,7 +130,7 @@ async def code_actions(ls: LladaServer, params: types.CodeActionParams) -> list[
     only = params.context.only
     if doc is None or not ls.settings.next_edit or (only and types.CodeActionKind.QuickFix not in only):
         return []
-    known = ls.history.suggested(doc.uri, doc.version)
+    known = ls.documents.history.suggested(doc.uri, doc.version)
     if known is not None:
         s: Suggestion | None = Suggestion(doc.uri, doc.version, known)
     elif params.context.trigger_kind == types.CodeActionTriggerKind.Automatic:
@@ -138,7 +139,7 @@ async def code_actions(ls: LladaServer, params: types.CodeActionParams) -> list[
         s = await suggest(ls, doc.uri, doc.version, params.range.start)
     if s is None:
         return []
-    ls.history.offer(doc.uri, s.edits, s.version)
+    ls.documents.history.offer(doc.uri, s.edits, s.version)
     edits = [types.TextEdit(_range(ls, doc.uri, a, b), t) for a, b, t in s.edits]
     change = types.TextDocumentEdit(types.OptionalVersionedTextDocumentIdentifier(doc.uri, s.version), edits)
     return [types.CodeAction(APPLY_TITLE, kind=types.CodeActionKind.QuickFix,

@@ -2,7 +2,8 @@
 malformed requests, requests before initialize and after shutdown are answered; internal errors reach
 the client as one line; UTF-8 is chosen when offered; `exit` ends a stdio process at once.
 
-Knows pygls and lsprotocol; nothing of models or completions (the server state is main.py).
+Knows pygls and lsprotocol, and the server only as `Server` (what it calls on it); nothing of models,
+completions or how documents are kept (the server's state is language_server.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import cattrs
 from lsprotocol import types
@@ -20,9 +21,6 @@ from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 from pygls.protocol import LanguageServerProtocol, lsp_method
 
 from .positions import UTF8
-
-if TYPE_CHECKING:
-    from .main import LladaServer
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +38,26 @@ class MalformedRequest:
     jsonrpc: str = "2.0"
 
 
+class Server(Protocol):
+    """The server as the protocol knows it: where a refused message is logged, and one method per
+    document notification, which keeps every store of the document in step."""
+
+    def log(self, message: str, kind: types.MessageType = ...) -> None: ...
+
+    def open_document(self, params: types.DidOpenTextDocumentParams) -> None: ...
+
+    def change_document(self, params: types.DidChangeTextDocumentParams) -> None: ...
+
+    def close_document(self, params: types.DidCloseTextDocumentParams) -> None: ...
+
+
 class LladaProtocol(LanguageServerProtocol):
     """pygls' protocol with its gaps closed: malformed requests, requests before initialize and after
     shutdown are answered; internal errors reach the client as one line (the traceback goes to the
-    log); documents are kept by `Documents` (edits through the one position conversion); UTF-8 is
+    log); documents are handed to the server (pygls' workspace keeps no copy of its own); UTF-8 is
     chosen when the client offers it; commands receive their whole ExecuteCommandParams."""
 
-    _server: LladaServer
+    _server: Server
     _initialize_seen = False
 
     def structure_message(self, data: dict[str, Any]):
@@ -144,21 +155,15 @@ class LladaProtocol(LanguageServerProtocol):
 
     @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
     def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams):
-        doc = params.text_document
-        self._server.documents.open(doc.uri, doc.version, doc.text, doc.language_id)
+        self._server.open_document(params)
 
     @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
     def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams):
-        self._server.apply_changes(params)
+        self._server.change_document(params)
 
     @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
     def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams):
-        self._server.documents.close(params.text_document.uri)
-        self._server.history.close(params.text_document.uri)
-        self._server.suggestions.forget(params.text_document.uri)
-        if self._server.completer is not None:
-            self._server.completer.cancel_key(params.text_document.uri)
-            self._server.completer.cancel_key(f"next-edit:{params.text_document.uri}")
+        self._server.close_document(params)
 
     @lsp_method(types.WORKSPACE_EXECUTE_COMMAND)
     def lsp_workspace__execute_command(self, params: types.ExecuteCommandParams):

@@ -1,7 +1,7 @@
 """The language server on TCP (`llada-lsp serve --tcp HOST:PORT --token-file PATH`): the listener, the
 token each connection sends first, and one session per connection, one connection at a time.
 
-Owns sockets and the token rule. A session is a fresh LladaServer (main.py: its own documents,
+Owns sockets and the token rule. A session is a fresh LladaServer (language_server.py: its own documents,
 settings and model), which knows nothing of how its client arrived. No connection ends the listener.
 """
 
@@ -24,7 +24,7 @@ from lsprotocol import types
 from ..address import parse_address
 from ..runtime.loop import run as run_loop
 from .handlers import create_server
-from .main import Launch, LladaServer
+from .language_server import Launch, LladaServer
 from .protocol import REQUEST_FAILED, exit_now
 from .transport import FrameReader, serve_stream
 

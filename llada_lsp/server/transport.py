@@ -1,5 +1,5 @@
 """LSP's base protocol on a byte stream: `Content-Length` framing with limits, recovery from broken
-frames, and the JSON-RPC envelope checks made before pygls sees a message.
+frames, the JSON-RPC envelope checks made before pygls sees a message, and stdin read by the event loop.
 
 Hands each message to a pygls protocol; knows no LSP method, handler or document.
 """
@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -124,6 +126,25 @@ async def serve_stream(stream: asyncio.StreamReader, protocol, stop_event: threa
             refuse(protocol, msg_id, ErrorCodes.InvalidRequest, problem)
         else:
             _hand_on(protocol, data, msg_id, on_error)
+
+
+def is_pipe(stream) -> bool:
+    """A pipe, a socket or a terminal: streams the event loop can read. A terminal too, so that the
+    server started by hand stops on Ctrl-C at once (pygls' reader thread would sit in read())."""
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):  # no file descriptor (an in-memory stream)
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
+
+
+async def serve_pipe(pipe, protocol, stop_event: threading.Event,
+                     on_error: Callable[[Exception, type], Any] | None = None) -> None:  # fmt: skip
+    """`serve_stream` over a pipe (`is_pipe`: stdin), read by the event loop itself: pygls reads stdin on
+    a thread pool, a hop to another thread and back for each header line and body of every keystroke."""
+    stream = asyncio.StreamReader(limit=2**20)  # buffered before reading pauses: a big didOpen in few reads
+    await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stream), pipe)
+    await serve_stream(stream, protocol, stop_event, on_error)
 
 
 def _hand_on(protocol, data: dict[str, Any], msg_id, on_error) -> None:

@@ -1,49 +1,43 @@
-"""The language server's state: the client's settings and documents, where completions come from (the
-model in this process or an engine service) and the model's load with its progress, feedback to the
-user, and the model jobs the handlers (handlers.py) start.
+"""The language server's state (`LladaServer`, one per client): the client's settings, its open
+documents (open_documents.py), where completions come from (the model in this process or an engine
+service), the model's load with its progress, the status pushed to the client, feedback to the user,
+and the model jobs the handlers start (handlers.py, inline.py, next_edit.py).
 
-Knows nothing of tensors or token ids; model work runs on the model thread (the local completer) or in
-an engine service (the remote one), never here.
+Knows nothing of tensors or token ids, nor of a backend: the model in this process is loaded by the
+loader the starting command hands in (`Launch.loader`) on the model thread, never here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import stat
 import sys
 import threading
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from lsprotocol import types
-from pygls.exceptions import FeatureRequestError, JsonRpcException, JsonRpcInvalidParams
+from pygls.exceptions import FeatureRequestError, JsonRpcException
 from pygls.io_ import StdoutWriter
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import default_converter
 
 from .. import __version__
-from ..backends import native
 from ..completion.generation import ModelSpec
-from ..completion.jobs import Infill, Job, Outcome
+from ..completion.jobs import Job, Outcome
 from ..runtime.loop import run as run_loop
-from ..runtime.worker import Ticket
+from ..runtime.worker import Loader, ModelWorker, Ticket
 from ..service.client import EngineFailure
-from .completers import CompletionFailed, LocalCompleter, RemoteCompleter
-from .documents import Document, Documents
-from .history import History
+from .completers import CompletionFailed, DraftCallback, LocalCompleter, RemoteCompleter, next_edit_key
+from .open_documents import OpenDocuments
 from .positions import UTF16
 from .protocol import REQUEST_FAILED, LladaProtocol
 from .settings import Settings, parse_settings
-from .suggestions import Suggestions
-from .transport import serve_stream
+from .transport import is_pipe, serve_pipe
 
 logger = logging.getLogger(__name__)
 
-DRAFT = "llada/draft"
 STATUS_PUSH = "llada/status"  # the llada.status result, pushed once per change of state
 STATUS_WATCH_SECONDS = 1.0  # how often the state is looked at (a dict built: cheap)
 FAILED = ("error", "unavailable", "not responding")  # states said with window/showMessage too
@@ -51,7 +45,9 @@ FAILED = ("error", "unavailable", "not responding")  # states said with window/s
 
 @dataclass(frozen=True)
 class Launch:
-    """What only the command line sets; `defaults` are what a bad or absent setting falls back to."""
+    """What the command that starts the server sets, and clients cannot: `defaults` are what a bad or
+    absent setting falls back to; `loader` loads the model in this process (backends/native.py: `load`,
+    wired by commands/serve.py), None for a server that only uses an engine service."""
 
     defaults: Settings = Settings()
     device: str | None = None
@@ -59,16 +55,7 @@ class Launch:
     threads: int | None = None
     engine: str = "local"  # "local" | "auto" (the default socket if a service answers, else local) | an address
     token: str | None = None  # for a service on TCP
-
-
-def _is_pipe(stream) -> bool:
-    """A pipe, a socket or a terminal: streams the event loop can read. A terminal too, so that the
-    server started by hand stops on Ctrl-C at once (pygls' reader thread would sit in read())."""
-    try:
-        mode = os.fstat(stream.fileno()).st_mode
-    except (AttributeError, OSError, ValueError):  # no file descriptor (an in-memory stream)
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
+    loader: Loader | None = None
 
 
 class LladaServer(LanguageServer):
@@ -76,9 +63,7 @@ class LladaServer(LanguageServer):
         super().__init__("llada-lsp", __version__, protocol_cls=LladaProtocol, converter_factory=default_converter,
                          text_document_sync_kind=types.TextDocumentSyncKind.Incremental)  # fmt: skip
         self.launch, self.settings = launch, launch.defaults
-        self.documents = Documents()
-        self.history = History()  # the recent edits, for next-edit suggestions (server/next_edit.py)
-        self.suggestions = Suggestions()  # the last suggestion shown per document: what typing through revises
+        self.documents = OpenDocuments()
         self.completer: LocalCompleter | RemoteCompleter | None = None
         self._reconnect: asyncio.Task | None = None
         self._engine_error: str | None = None  # the named service did not answer
@@ -93,23 +78,15 @@ class LladaServer(LanguageServer):
 
     def start_io(self, stdin=None, stdout=None) -> None:
         """stdio, read by the event loop itself (on uvloop where installed) and framed by
-        `transport.serve_stream` (limits, recovery from broken frames). pygls reads stdin on a
-        thread pool, a hop to another thread and back for each header line and body; this takes
-        those hops off every keystroke's didChange and request. A stdin that is not a pipe, a socket
-        or a terminal (a file) goes through pygls' reader."""
+        `transport.serve_pipe` (limits, recovery from broken frames). A stdin that is not a pipe, a
+        socket or a terminal (a file) goes through pygls' reader."""
         stdin, stdout = stdin or sys.stdin.buffer, stdout or sys.stdout.buffer
-        if not _is_pipe(stdin):
+        if not is_pipe(stdin):
             return super().start_io(stdin, stdout)
         self._stop_event = threading.Event()  # what pygls' shutdown() sets to end the read loop
         self.protocol.set_writer(StdoutWriter(stdout))
-
-        async def serve() -> None:
-            stream = asyncio.StreamReader(limit=2**20)  # buffered before reading pauses: a big didOpen in few reads
-            await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stream), stdin)
-            await serve_stream(stream, self.protocol, self._stop_event, self.report_server_error)
-
         try:
-            run_loop(serve())
+            run_loop(serve_pipe(stdin, self.protocol, self._stop_event, self.report_server_error))
         except BrokenPipeError:
             logger.error("the client closed the connection")
         except KeyboardInterrupt:
@@ -201,7 +178,11 @@ class LladaServer(LanguageServer):
                         "the model is the engine service's; the model setting is ignored", types.MessageType.Warning
                     )
                 return
-        self.completer = LocalCompleter(native.start(asyncio.get_running_loop(), self.log))
+        if self.launch.loader is None:
+            self._engine_error = "this server was started without a model of its own: set engine to a service's address"
+            self.tell(self._engine_error, types.MessageType.Error)
+            return
+        self.completer = LocalCompleter(ModelWorker(asyncio.get_running_loop(), self.log, self.launch.loader))
         self.start_load()
 
     async def reach_engine(self) -> None:
@@ -312,86 +293,34 @@ class LladaServer(LanguageServer):
             self.push_status()
             await asyncio.sleep(STATUS_WATCH_SECONDS)
 
-    # --- documents and positions ----------------------------------------------------------------
+    # --- documents ----------------------------------------------------------------------------
     @property
     def encoding(self) -> str:
         chosen = self.workspace.position_encoding
         return str(getattr(chosen, "value", chosen) or UTF16)
 
-    def apply_changes(self, params: types.DidChangeTextDocumentParams) -> None:
-        doc = self.documents.get(params.text_document.uri)
-        if doc is None:
-            self.log(f"didChange for {params.text_document.uri}, which is not open: ignored", types.MessageType.Warning)
-            return
-        for change in params.content_changes:
-            if isinstance(change, types.TextDocumentContentChangePartial):
-                a, b = change.range.start, change.range.end
-                self.record_edit(doc, a, b, change.text)
-                if not doc.edit((a.line, a.character), (b.line, b.character), change.text, self.encoding):
-                    self.log(f"{doc.uri}: an edit past the end was clamped to its end", types.MessageType.Warning)
-            else:
-                doc.replace(change.text)
-                self.history.reset(doc.uri)
-        doc.version = params.text_document.version
+    def open_document(self, params: types.DidOpenTextDocumentParams) -> None:
+        doc = params.text_document
+        self.documents.open(doc.uri, doc.version, doc.text, doc.language_id)
 
-    def record_edit(self, doc: Document, a: types.Position, b: types.Position, text: str) -> None:
-        """Into the history, before the edit is applied (it reads the text replaced)."""
-        start, end = doc.offset(a.line, a.character, self.encoding), doc.offset(b.line, b.character, self.encoding)
-        start = len(doc.text) if start is None else start
-        end = len(doc.text) if end is None else max(start, end)
-        self.history.record(doc.uri, doc.text, start, end, text, min(a.line, len(doc.line_starts) - 1))
+    def change_document(self, params: types.DidChangeTextDocumentParams) -> None:
+        doc = params.text_document
+        for problem in self.documents.change(doc.uri, doc.version, params.content_changes, self.encoding):
+            self.log(problem, types.MessageType.Warning)
 
-    def locate(self, uri: str, position: types.Position) -> tuple[Document, int, types.Position] | None:
-        """(document, str offset, the position normalized) or None for an unknown document or a line
-        past the end; a character past the end of its line means the line's end, as the LSP says."""
-        doc = self.documents.get(uri)
-        offset = doc.offset(position.line, position.character, self.encoding) if doc else None
-        if offset is None:
-            return None
-        return doc, offset, types.Position(*doc.position(offset, self.encoding))
-
-    def span(self, doc: Document, rng: types.Range) -> tuple[int, int, types.Range]:
-        """str offsets of a range and the range normalized; InvalidParams if it is not in the document."""
-        start = doc.offset(rng.start.line, rng.start.character, self.encoding)
-        end = doc.offset(rng.end.line, rng.end.character, self.encoding)
-        if start is None or end is None or end < start:
-            raise JsonRpcInvalidParams(f"the range {rng} is outside the document or ends before it starts")
-        a, b = doc.position(start, self.encoding), doc.position(end, self.encoding)
-        return start, end, types.Range(types.Position(*a), types.Position(*b))
+    def close_document(self, params: types.DidCloseTextDocumentParams) -> None:
+        """Forgets the document and cancels its completion and next edit (a rewrite runs on: its
+        answer says the document is not open)."""
+        uri = params.text_document.uri
+        self.documents.close(uri)
+        if self.completer is not None:
+            self.completer.cancel_key(uri)
+            self.completer.cancel_key(next_edit_key(uri))
 
     # --- model jobs -----------------------------------------------------------------------------
-    async def complete(self, doc: Document, offset: int, at: types.Position, method: str) -> str:
-        """The inline completion at `offset`, with drafts to clients that asked for them. A newer request
-        for the same document supersedes this one (it then answers RequestCancelled)."""
-        s, request_id, text = self.settings, self.protocol.msg_id, doc.text
-        revision = self.suggestions.revision(doc.uri, text, offset) if self.revising else None
-        job = Infill.at(text, offset, s.inline_mode, s.max_completion_tokens, s.context_tokens,
-                        *((revision.draft, revision.typed) if revision else ()))  # fmt: skip
-        # Inside a word (`re|turn`) the answer replaces the word's rest, which a draft inserted at the
-        # cursor would show twice: such a request sends no drafts, only its answer.
-        mid_word = offset < len(text) and (text[offset].isalnum() or text[offset] == "_")
-        send = self._draft_sender(doc, request_id, at) if self.drafts and not mid_word else None
-        outcome = await self.run_job(doc.uri, f"{method} {request_id}", job, send)
-        if send is not None:
-            send(outcome.steps, outcome.text, final=True)
-        if self.revising:
-            self.suggestions.remember(doc.uri, text, offset, revision if job.draft is not None else None, outcome.text)
-        return outcome.text
-
-    def _draft_sender(self, doc: Document, request_id, at: types.Position) -> Callable:
-        uri, version = doc.uri, doc.version
-        where = {"line": at.line, "character": at.character}
-
-        def send(step: int, text: str, final: bool = False) -> None:
-            params = {"uri": uri, "version": version, "requestId": request_id, "step": step, "final": final,
-                      "range": {"start": where, "end": where}, "text": text}  # fmt: skip
-            self.protocol.notify(DRAFT, params)
-
-        return send
-
-    async def run_job(self, key: str, label: str, job: Job, on_draft: Callable | None = None) -> Outcome:
-        """The error's message has no "llada:" of its own: clients name the server ("llada: rewrite
-        failed: ..."), and it was said twice."""
+    async def run_job(self, key: str, label: str, job: Job, on_draft: DraftCallback | None = None) -> Outcome:
+        """`job` on the engine; it supersedes the running job of `key`. A failure's message has no
+        "llada:" of its own: clients name the server ("llada: rewrite failed: ..."), and it was said twice."""
         completer = await self.completer_for_request()
         try:
             return await completer.run(key, label, job, on_draft)
