@@ -173,7 +173,7 @@ def test_a_cold_job_is_todays_job(model):
 def test_the_status_says_when_the_engine_cannot_revise():
     """A front on a service whose backend starts from masks (SGLang's welcome says so) revises nothing
     and its llada.status says why; the setting off says revise false without a note."""
-    from llada_lsp.server.main import Launch, LladaServer
+    from llada_lsp.server.language_server import Launch, LladaServer
     from llada_lsp.server.settings import Settings
 
     class ColdEngine:
