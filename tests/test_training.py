@@ -197,14 +197,18 @@ def test_self_fill_writes_the_models_confident_guesses_into_masks():
 
 
 @pytest.mark.slow
-def test_eval_infill_scores_modes_and_compares_them_in_pairs(capsys, restore_threads):
+def test_eval_infill_scores_modes_and_compares_them_in_pairs(capsys, restore_threads, tmp_path):
     from llada_lab.commands.eval_infill import eval_infill_main
     from llada_lab.training import eval_infill
 
-    assert eval_infill_main(["--n", "2", "--kinds", "rest_of_line", "--modes", "speed,no-edit", "--threads", "1"]) == 0
+    argv = ["--n", "2", "--kinds", "rest_of_line", "--modes", "speed,no-edit", "--threads", "1"]
+    assert eval_infill_main([*argv, "--markdown", str(tmp_path / "infill.md")]) == 0
     out = capsys.readouterr().out
-    assert "| speed | rest_of_line |" in out and "| no-edit | rest_of_line |" in out and "| previous-line |" in out
+    assert out.count("rest_of_line") >= 3 and "previous-line" in out
     assert "speed vs no-edit, rest_of_line: first line right only in speed" in out
+    published = (tmp_path / "infill.md").read_text()
+    assert "| speed | rest_of_line |" in published and "| no-edit | rest_of_line |" in published
+    assert "Commit: `" in published and "speed vs no-edit, rest_of_line" in published
     task = eval_infill.Task("rest_of_line", "f.py", "x = ", "1", "\n")
     assert eval_infill.paired([task] * 3, ["1", "1", "2"], ["1", "2", "2"]) == (1, 0, 1.0)
     only_a = eval_infill.paired([task] * 8, ["1"] * 8, ["2"] * 8)

@@ -21,6 +21,7 @@ import torch
 from llada_lsp.backends.native import load as load_model
 from llada_lsp.completion.generation import ModelSpec
 from llada_lsp.engine import PRESETS
+from llada_lsp.report import Report, Table, add_markdown_argument
 
 from ..training.corpus import load
 from ..training.eval_infill import TASK_KINDS, answer, make_tasks, paired, previous_line_baseline, score
@@ -49,6 +50,7 @@ def eval_infill_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     ap.add_argument("--dtype", default="float32", help="default: %(default)s")
     ap.add_argument("--json", action="store_true", help="also print the scores as one JSON line")
+    add_markdown_argument(ap)
     args = ap.parse_args(argv)
     kinds, modes = [k for k in args.kinds.split(",") if k], [m for m in args.modes.split(",") if m]
     if not kinds or not set(kinds) <= set(TASK_KINDS):
@@ -73,27 +75,29 @@ def eval_infill_main(argv: list[str] | None = None) -> int:
             answers.setdefault(mode, {})[kind], results.setdefault(mode, {})[kind] = answer(model, ts, mode)
         print(f"[{mode}: {time.time() - started:.0f}s]", file=sys.stderr, flush=True)
 
-    print(
-        f"held-out infill, {args.n} tasks per kind, model {args.model or 'embedded'}"
-        + (f", tasks from {args.tasks_from}" if args.tasks_from else "")
-    )
-    print("| mode | task | first-line EM | full EM | syntax-valid | TPF | tokens/s |")
-    print("|---|---|---|---|---|---|---|")
+    caption = (f"Held-out infill, {args.n} tasks per kind (seed {args.seed}), model {args.model or 'embedded'}"
+               + (f", tasks from {args.tasks_from}" if args.tasks_from else "") + ".")  # fmt: skip
+    table = Table(["mode", "task", "first-line EM", "full EM", "syntax-valid", "TPF", "tokens/s"])
     for mode, per_kind in results.items():
         for kind, s in per_kind.items():
             tpf = f"{s['tpf']:.2f}" if "tpf" in s else "-"
             tok_s = f"{s['tokens_per_s']:.0f}" if "tokens_per_s" in s else "-"
-            print(
-                f"| {mode} | {kind} | {s['first_line_em']:.1%} | {s['full_em']:.1%} | {s['syntax_ok']:.1%} | {tpf} | {tok_s} |"
+            table.add(
+                mode, kind, f"{s['first_line_em']:.1%}", f"{s['full_em']:.1%}", f"{s['syntax_ok']:.1%}", tpf, tok_s
             )
+    pairs = []
     if "no-edit" in answers:  # does editing pay, or is the gap noise? Same tasks, so compare them in pairs.
         for mode in (m for m in answers if m != "no-edit"):
             for kind, ts in by_kind.items():
                 a, b, p = paired(ts, answers[mode][kind], answers["no-edit"][kind])
-                print(
-                    f"{mode} vs no-edit, {kind}: first line right only in {mode} {a}, only in no-edit {b}"
-                    f" (sign test p = {p:.2f})"
-                )
+                pairs.append(f"{mode} vs no-edit, {kind}: first line right only in {mode} {a}, only in no-edit {b}"
+                             f" (sign test p = {p:.2f})")  # fmt: skip
+    print(caption, table.text(), *pairs, sep="\n")
+    if args.markdown:
+        report = Report("Infill on held-out code")
+        report.table(table, caption + " TPF: the completion's tokens per forward; tokens/s on this machine's threads.")
+        report.note("\n".join(f"- {line}" for line in pairs))
+        report.write(args.markdown)
     if args.json:
         print(json.dumps(results))
     return 0
