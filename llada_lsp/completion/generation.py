@@ -58,7 +58,7 @@ class LoadedModel:
     """A model as plans see it: its tokenizer and its limits. `batch` is what the native model thread
     decodes on (backends/native.NativeBatch); None where generation runs elsewhere (SGLang).
     `edit_gap`: the model was tuned to fill a next edit's gap at the cursor (its config says
-    `next_edit_gap`, as `llada-lsp tune-next-edit` writes it); other models get drafts without one."""
+    `next_edit_gap`, as `llada-lab tune-next-edit` writes it); other models get drafts without one."""
 
     spec: Any  # a ModelSpec, or what a backend names its model with (str() is shown to users)
     codec: TextCodec

@@ -35,7 +35,7 @@ MAX_DELETE_SHARE = 0.25  # a suggestion that removes more than this share of the
 MAX_MEAN_REWRITES = 2.0
 # The confidence gate: a suggestion whose changed tokens' mean confidence (the probability of each
 # position's greedy id at the step that last ran it) is below this stays silent. Set per model from
-# mined training cases, never held-out ones (`llada-lab next-edit-gate`; docs/results.md): 0, off, for
+# mined training cases, never held-out ones (`llada_lab/scripts/next_edit_gate.py`): 0, off, for
 # the embedded model, whose wrong suggestions are as confident as right ones would be.
 MIN_EDIT_CONFIDENCE = 0.0
 GAP_TOKENS = 8  # positions left at the cursor for an insertion (FIM layout): the draft's room to insert there

@@ -99,7 +99,7 @@ def row_confidence(logits: torch.Tensor, mask_ids: torch.Tensor, block_v: int | 
 
 
 def row_confidence_launch(rows, mask_ids, conf, guess, N: int, block_v: int | None = None) -> Launch:
-    """The row kernel's grid and arguments, as row_confidence passes them (kernels/aot.py compiles the
+    """The row kernel's grid and arguments, as row_confidence passes them (llada_lab/aot.py compiles the
     same): rows [R, V] with unit last stride, mask_ids [B], conf / guess [R]."""
     V = rows.shape[1]
     block_v = block_v or min(2048, triton.next_power_of_2(V))

@@ -1,6 +1,6 @@
 """One kernel launch as data: the JIT function, its grid, its arguments and its compile-time options.
 
-The launchers build these and run them; kernels/aot.py binds the same ones (on the meta device) to
+The launchers build these and run them; llada_lab/aot.py binds the same ones (on the meta device) to
 compile every variant for real GPU targets without a GPU. Knows nothing of what the kernels compute.
 """
 
