@@ -258,7 +258,8 @@ def all_visible(rows: list[tuple[list[int], int, int]], width: int, bs: int) -> 
 
 def paged_tables(rows: torch.Tensor, width: int, S: int, bs: int, visible: bool):
     """rows [B, 2 + ceil(S/bs)] int64 on the device (row_descriptor's layout) -> (positions [B, T],
-    writes [B * T], reads [B, S] slots, allow [B, 1, T, S] bool or None when `visible`): static shapes
+    writes [B * T], reads [B, S] slots, allow [B, 1, T, S] bool or None when `visible`, real [B, T]
+    bool: the queries that are not left padding, which LLaDA2.2's block routing reads): static shapes
     for static (B, width, S), no host read (a CUDA graph can hold it). Padding queries sit at position
     0 and write to the scratch page; keys past a row's end read the scratch page and are masked."""
     B = rows.shape[0]
@@ -270,9 +271,9 @@ def paged_tables(rows: torch.Tensor, width: int, S: int, bs: int, visible: bool)
     positions = positions.masked_fill(pad, 0)
     writes = reads.gather(1, positions).masked_fill(pad, SCRATCH * bs)
     if visible:
-        return positions, writes.flatten(), reads, None
+        return positions, writes.flatten(), reads, None, ~pad
     allow = (keys[None, None, :] // bs <= positions[:, :, None] // bs) & (keys[None, None, :] < ends[:, None, None])
-    return positions, writes.flatten(), reads, allow[:, None]
+    return positions, writes.flatten(), reads, allow[:, None], ~pad
 
 
 class PagedView:
@@ -282,9 +283,10 @@ class PagedView:
 
     packed: Packed | None = None  # set by BlockCache.view when no row needs a mask (flash-attn's varlen path)
 
-    def __init__(self, cache: BlockCache, positions, writes, reads, allow):
+    def __init__(self, cache: BlockCache, positions, writes, reads, allow, real=None):
         self.cache = cache
         self.positions, self.writes, self.reads, self.allow = positions, writes, reads, allow  # [B, T], [B*T], [B, S]
+        self.real = real  # [B, T] bool: not left padding (None: no padding)
         # A split model's pool: the slot tables once more on each other device that holds layers.
         self.tables = {d: (writes.to(d, non_blocking=True), reads.to(d, non_blocking=True)) for d in cache.devices}
 

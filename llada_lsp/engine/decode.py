@@ -52,6 +52,10 @@ class Engine:
                  prefix_cache: bool = True, max_batch: int = 8, max_queue: int = 64, cuda_graph: bool = False,
                  prefill_chunk: int | None = None):  # fmt: skip
         self.model, self.block_size, self.use_cache = model, block_size, use_cache
+        routing_block = model.config.block_size if model.config.block_routing else None
+        if routing_block is not None and block_size != routing_block:  # as SGLang requires: one block for both
+            raise ValueError(f"block size {block_size}: this LLaDA2.2 checkpoint routes its experts per block of "
+                             f"{routing_block} tokens (block_size), and decoding must use the same blocks")  # fmt: skip
         if cache_mb is None:
             cache_mb = default_cache_mb(model.device)
         self.cache = BlockCache.for_budget(model.config, cache_mb, block_size, model.device, model.dtype,

@@ -8,8 +8,14 @@ from __future__ import annotations
 
 from transformers import AutoConfig, PretrainedConfig
 
+from .family import Family, family_of
+
 # The size check lives in the torch-free files.py (`llada-lsp plan` runs it too); re-exported here.
 from .files import MAY_BE_ZERO, SIZE_KEYS, check_sizes  # noqa: F401
+
+# LLaDA2.2's keys (model/family.py): written to config.json only when set, so a LLaDA2.1 config saved
+# here reads back as LLaDA2.1.
+FAMILY_KEYS = ("block_size", "expert_capacity", "delete_token_id", "split_token_id")
 
 # Keys this network does not read but inclusionAI's reference and SGLang's LLaDA2MoeModelLM do, with the
 # values of the released checkpoints: every config.json the project writes carries them. SGLang picks
@@ -70,6 +76,10 @@ class LLaDA2Config(PretrainedConfig):
         mask_token_id: int | None = None,
         eos_token_id: int | None = None,
         pad_token_id: int | None = None,
+        block_size: int | None = None,
+        expert_capacity: int | None = None,
+        delete_token_id: int | None = None,
+        split_token_id: int | None = None,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -98,6 +108,10 @@ class LLaDA2Config(PretrainedConfig):
         self.use_bias = use_bias
         self.use_qkv_bias = use_qkv_bias
         self.mask_token_id = mask_token_id
+        self.block_size, self.expert_capacity = block_size, expert_capacity
+        self.delete_token_id, self.split_token_id = delete_token_id, split_token_id
+        # (delete, split) given by the user at load time (loader's `edit_ids`); never written to config.json
+        self.edit_ids_override: tuple[int, int] | None = None
         # Real configs carry `rope_scaling: null`; popped so transformers does not warn about it.
         self.unsupported_rope_scaling = kwargs.pop("rope_scaling", None)
         for key, value in READ_BY_OTHERS.items():  # a checkpoint's own values win; copies: no shared list
@@ -111,13 +125,34 @@ class LLaDA2Config(PretrainedConfig):
 
     def to_dict(self) -> dict:
         out = super().to_dict()
+        out.pop("edit_ids_override", None)
+        for key in FAMILY_KEYS:
+            if out.get(key) is None:
+                out.pop(key, None)
         if out.get("unsupported_rope_scaling") is None:  # only a real (rejected) value is worth writing
             out.pop("unsupported_rope_scaling", None)
         return out
 
+    @property
+    def family(self) -> Family:
+        """LLaDA2.1 or LLaDA2.2, with LLaDA2.2's routing block, capacity and edit ids (ValueError for a
+        config that mixes the two)."""
+        return family_of(vars(self), self.edit_ids_override)
+
+    @property
+    def block_routing(self) -> bool:
+        """Whether the MoE admits `expert_capacity` experts per block of `block_size` tokens (LLaDA2.2)."""
+        return self.expert_capacity is not None
+
+    @property
+    def edit_ids(self) -> tuple[int, int] | None:
+        """(DELETE, INSERT) ids of a LLaDA2.2 checkpoint; None for LLaDA2.1."""
+        return self.family.edit_ids
+
     def validate_llada(self) -> None:
         """Raise ValueError naming the key when the numbers cannot form this network."""
         check_sizes({key: getattr(self, key) for key in SIZE_KEYS})
+        family_of(vars(self), self.edit_ids_override)  # raises for a config that mixes LLaDA2.1 and LLaDA2.2
         if self.num_experts_per_tok > self.num_experts:
             raise ValueError(f"num_experts_per_tok: {self.num_experts_per_tok} > num_experts {self.num_experts}")
         if self.unsupported_rope_scaling:

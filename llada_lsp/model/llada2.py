@@ -8,6 +8,8 @@ I expert width, V vocab.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -158,31 +160,82 @@ class MLP(nn.Module):
 
 
 class Router(nn.Module):
-    """Sigmoid scores; `expert_bias` only chooses (group-limited top-k), the unbiased scores weigh."""
+    """Sigmoid scores; `expert_bias` only chooses (LLaDA2.1: group-limited top-k; LLaDA2.2: top-k among
+    the experts its block admitted), the unbiased scores weigh."""
 
     def __init__(self, config: LLaDA2Config):
         super().__init__()
         self.top_k, self.n_group, self.topk_group = config.num_experts_per_tok, config.n_group, config.topk_group
         self.scale, self.normalise = config.routed_scaling_factor, config.norm_topk_prob
+        self.capacity = config.expert_capacity  # LLaDA2.2: experts admitted per routing block; None: LLaDA2.1
         self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
         self.expert_bias = nn.Parameter(torch.zeros(config.num_experts), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [N, C] -> expert ids [N, A], weights [N, A] (x's dtype)."""
+    def forward(self, x: torch.Tensor, blocks: RoutingBlocks | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, C] -> expert ids [N, A], weights [N, A] (x's dtype). `blocks`: LLaDA2.2's block routing,
+        each token's block among the forward's (a checkpoint with `expert_capacity` always passes it)."""
         ct = compute_dtype(x.dtype)
         scores = torch.sigmoid(F.linear(x.to(ct), self.weight.to(ct)))  # [N, E]
         biased = scores.detach() + self.expert_bias.to(ct)
-        N, E = biased.shape
-        grouped = biased.view(N, self.n_group, E // self.n_group)
-        group_score = grouped.topk(min(2, E // self.n_group), dim=-1).values.sum(-1)  # [N, G]
-        kept = group_score.topk(self.topk_group, dim=-1).indices
-        group_ok = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, kept, True)
-        biased = biased.masked_fill(~group_ok.repeat_interleave(E // self.n_group, dim=1), float("-inf"))
+        if self.capacity is not None:
+            biased = self.admitted_only(biased, blocks)
+        else:
+            biased = self.best_groups_only(biased)
         expert_ids = biased.topk(self.top_k, dim=-1).indices  # [N, A]
         weights = scores.gather(1, expert_ids)
         if self.normalise:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         return expert_ids, (weights * self.scale).to(x.dtype)
+
+    def best_groups_only(self, biased: torch.Tensor) -> torch.Tensor:
+        """LLaDA2.1: the biased scores [N, E] outside each token's best `topk_group` groups set to -inf."""
+        N, E = biased.shape
+        grouped = biased.view(N, self.n_group, E // self.n_group)
+        group_score = grouped.topk(min(2, E // self.n_group), dim=-1).values.sum(-1)  # [N, G]
+        kept = group_score.topk(self.topk_group, dim=-1).indices
+        group_ok = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, kept, True)
+        return biased.masked_fill(~group_ok.repeat_interleave(E // self.n_group, dim=1), float("-inf"))
+
+    def admitted_only(self, biased: torch.Tensor, blocks: RoutingBlocks) -> torch.Tensor:
+        """LLaDA2.2 (report, eq. 1): an expert's block score is the max of its biased score over the
+        block's real tokens; the `capacity` best of each block are admitted, the others' scores set to
+        -inf for every token of the block. No group limit (n_group / topk_group unused, as the ports
+        read the reference). Static shapes and no host read: a CUDA graph holds it."""
+        if blocks is None:
+            raise ValueError("this checkpoint routes per block (expert_capacity): the forward needs its blocks")
+        N, E = biased.shape
+        index = blocks.index.to(biased.device)
+        real = blocks.real.to(biased.device)
+        per_block = biased.new_full((blocks.count, E), float("-inf"))
+        per_block.scatter_reduce_(0, index[:, None].expand(N, E), biased.masked_fill(~real[:, None], float("-inf")),
+                                  "amax")  # fmt: skip
+        admitted = per_block.topk(self.capacity, dim=-1).indices  # [blocks, capacity]
+        ok = torch.zeros_like(per_block, dtype=torch.bool).scatter_(1, admitted, True)
+        return biased.masked_fill(~ok[index], float("-inf"))
+
+
+@dataclass(frozen=True)
+class RoutingBlocks:
+    """Which routing block each of a forward's N = B * T tokens belongs to (LLaDA2.2): blocks of
+    `block_size` absolute positions from 0, per row, numbered within the forward; padding tokens are
+    not `real` and take no part in any block's score (they are routed, their outputs are dropped)."""
+
+    index: torch.Tensor  # [N] long: the token's block, in [0, count)
+    real: torch.Tensor  # [N] bool
+    count: int  # blocks in the forward (static for static shapes: B * (T // block_size + 2))
+
+    @classmethod
+    def of(cls, positions: torch.Tensor, real: torch.Tensor | None, batch: int, block_size: int) -> RoutingBlocks:
+        """positions [T] or [B, T] (absolute), real [B, T] bool or None (no padding)."""
+        B, T = batch, positions.shape[-1]
+        positions = positions.expand(B, T)
+        real = torch.ones_like(positions, dtype=torch.bool) if real is None else real.to(positions.device)
+        block = positions // block_size
+        first = block.masked_fill(~real, torch.iinfo(block.dtype).max).amin(1, keepdim=True)  # [B, 1]
+        span = T // block_size + 2  # T consecutive positions touch at most this many blocks
+        local = (block - first).clamp(0, span - 1)  # padding (position 0) lands on the row's first block
+        rows = torch.arange(B, device=positions.device)[:, None] * span
+        return cls((rows + local).flatten(), real.flatten(), B * span)
 
 
 class Experts(nn.Module):
@@ -320,10 +373,10 @@ class SparseMoE(nn.Module):
             return "dense"
         return "sparse"
 
-    def forward(self, x):
+    def forward(self, x, blocks: RoutingBlocks | None = None):
         B, T, C = x.shape
         flat = x.reshape(B * T, C)
-        expert_ids, weights = self.gate(flat)
+        expert_ids, weights = self.gate(flat, blocks)  # every Experts path below takes this one routing
         if self.training:  # per-expert load, read by the training loop's bias balancing
             self.load = torch.bincount(expert_ids.flatten(), minlength=self.experts.w_gate.shape[0])
         mode = self.mode(x)
@@ -344,9 +397,10 @@ class DecoderLayer(nn.Module):
         dense = layer_idx < config.first_k_dense_replace
         self.mlp = MLP(config.hidden_size, config.intermediate_size) if dense else SparseMoE(config)
 
-    def forward(self, x, cos, sin, allow, kv):
+    def forward(self, x, cos, sin, allow, kv, blocks: RoutingBlocks | None = None):
         x = x + self.attention(self.input_layernorm(x), cos, sin, allow, kv)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        return x + (self.mlp(h, blocks) if isinstance(self.mlp, SparseMoE) else self.mlp(h))
 
 
 class LLaDA2Backbone(nn.Module):
@@ -410,6 +464,10 @@ class LLaDA2(nn.Module):
                 keys = torch.arange(start + T, device=input_ids.device) if kv is not None else positions
                 allow = block_causal_mask(positions, keys, block_size)
         # allow is None when every query sees every key it is given (one block, no padding): the fast path.
+        blocks = None
+        if self.config.block_routing:  # LLaDA2.2: its routing blocks, from absolute positions, padding out
+            real = getattr(kv, "real", None) if kv is not None else None
+            blocks = RoutingBlocks.of(positions, real, B, self.config.block_size)
         cos, sin = rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta, self.dtype)
         if positions.dim() == 2:  # per-row positions: [B, T, r] -> [B, 1, T, r], broadcast over heads
             cos, sin = cos[:, None], sin[:, None]
@@ -417,7 +475,7 @@ class LLaDA2(nn.Module):
         for i, layer in enumerate(self.model.layers):
             if i in self.hops:
                 x, cos, sin, allow = hand_off(self.hops[i], x, cos, sin, allow)
-            x = layer(x, cos, sin, allow, kv)
+            x = layer(x, cos, sin, allow, kv, blocks)
         if last_n == 0:
             return None
         if len(self.model.layers) in self.hops:

@@ -6,6 +6,7 @@ touches the network. Knows nothing of decoding.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -22,6 +23,7 @@ from transformers import AutoConfig
 from ..errors import CheckpointError, DoesNotFit, LoadAbandoned
 from . import fp8
 from .config import LLaDA2Config
+from .family import EDIT_KEYS
 from .files import EMBEDDED_MODEL, SIZE_KEYS, check_sizes, resolve_path, stored_shapes, weight_files  # noqa: F401
 from .llada2 import LLaDA2, compute_dtype
 from .plan import LAYER_OF_NAME, ModelShape, Plan, device_of_slots, fmt_bytes, plan_of, render, slot_of
@@ -67,7 +69,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return device
 
 
-def load_config(folder: Path) -> LLaDA2Config:
+def load_config(folder: Path, edit_ids: tuple[int, int] | None = None) -> LLaDA2Config:
+    """config.json, checked; `edit_ids` (delete, split) override a LLaDA2.2 checkpoint's own."""
     file = folder / "config.json"
     if not file.is_file():
         raise CheckpointError(f"{file}: missing")
@@ -84,6 +87,7 @@ def load_config(folder: Path) -> LLaDA2Config:
         # from its key. A key left out takes its default.
         check_sizes({key: raw[key] for key in SIZE_KEYS if key in raw})
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        config.edit_ids_override = None if edit_ids is None else tuple(edit_ids)
         config.validate_llada()
     except ValueError as err:
         raise CheckpointError(f"{file}: {err}") from None
@@ -128,7 +132,9 @@ def check_plan(config: LLaDA2Config, stored: dict[str, tuple[tuple[int, ...], st
     """The memory plan of this load (`llada-lsp plan`'s: the weights as they will be held, and one
     sequence of the model's full length of K/V, the least the engine allocates), checked against the
     devices' free memory before anything is allocated."""
-    shape = ModelShape.from_config(config.to_dict(), str(folder / "config.json"))
+    family = config.family  # with the user's edit ids, which config.json does not hold
+    raw = {**config.to_dict(), **dict(zip(EDIT_KEYS, family.edit_ids or ()))}
+    shape = dataclasses.replace(ModelShape.from_config(raw, str(folder / "config.json")), family=family)
     plan = plan_of(str(folder), shape, stored, [str(d) for d in devices], None, str(dtype).removeprefix("torch."),
                    quantize, None, 1)  # fmt: skip
     if not plan.fits:
@@ -198,6 +204,7 @@ def load_model(
     cancelled: Callable[[], bool] | None = None,
     quantize: str | None = None,
     devices: list[str | torch.device] | None = None,
+    edit_ids: tuple[int, int] | None = None,
 ) -> LLaDA2:
     """Build on the meta device, then assign the checkpoint's tensors (cast to `dtype` on `device`).
 
@@ -211,6 +218,9 @@ def load_model(
     read, shard by shard; a checkpoint whose experts are FP8 already (`weight_scale_inv` beside them)
     loads as is. `devices` (instead of `device`): contiguous layer ranges balanced by bytes, the
     embedding on the first, the final norm and head on the last.
+
+    `edit_ids` (delete, split): a LLaDA2.2 checkpoint's DELETE and INSERT ids, over its config's (and
+    over the LLaDA2.2-flash defaults the config falls back to); refused for a LLaDA2.1 checkpoint.
     """
     if quantize not in (None, "fp8"):
         raise CheckpointError(f"quantize {quantize!r}: only fp8 is supported")
@@ -219,7 +229,7 @@ def load_model(
     targets = [resolve_device(d) for d in devices] if devices else [resolve_device(device)]
     dtype = resolve_dtype(dtype, targets[0])
     folder = resolve_path(path)
-    config = load_config(folder)
+    config = load_config(folder, edit_ids)
     files = weight_files(folder)
     stored = stored_shapes(files)
     check_counts(config, list(stored), folder)

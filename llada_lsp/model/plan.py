@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import CheckpointError
+from .family import Family, family_of
 from .files import check_sizes, resolve_path, stored_shapes, weight_files
 
 PARTS = ("embeddings", "attention", "dense MLP", "routed experts", "shared experts", "router", "norms", "lm_head")
@@ -65,6 +66,7 @@ class ModelShape:
     first_k_dense_replace: int
     max_position_embeddings: int
     tie_word_embeddings: bool
+    family: Family = Family("LLaDA2.1", "JointThreshold")  # model/family.py: routing and decoding rule
 
     @classmethod
     def from_config(cls, raw: dict, source: str) -> ModelShape:
@@ -79,7 +81,11 @@ class ModelShape:
             check_sizes(sizes, tuple(sizes))
         except ValueError as err:
             raise CheckpointError(f"{source}: {err}") from None
-        return cls(**sizes, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)))
+        try:
+            family = family_of(raw)
+        except ValueError as err:
+            raise CheckpointError(f"{source}: {err}") from None
+        return cls(**sizes, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), family=family)
 
 
 @dataclass
@@ -131,6 +137,7 @@ class Plan:
     batch: int
     kv_bytes_per_token: int
     devices: tuple[DevicePlan, ...]
+    family: Family = Family("LLaDA2.1", "JointThreshold")
 
     @property
     def weights(self) -> int:
@@ -353,7 +360,8 @@ def plan_of(name: str, shape: ModelShape, stored: dict | None, devices: list[str
         mine = tuple(slots[j] for j in where)
         have = memory[i] if memory is not None and memory[i] is not None else free_memory(device)
         plans.append(DevicePlan(device, mine, kv_layer * sum(s.layer is not None for s in mine), have))
-    return Plan(name, source, dtype, quantize, context, batch, kv_bytes_per_token(shape, dtype), tuple(plans))
+    return Plan(name, source, dtype, quantize, context, batch, kv_bytes_per_token(shape, dtype), tuple(plans),
+                shape.family)  # fmt: skip
 
 
 def slot_of(name: str) -> str:
@@ -422,4 +430,4 @@ def render(plan: Plan) -> str:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
     lines = [line(r) for r in rows]
-    return "\n".join([title, *lines])
+    return "\n".join([title, f"family: {plan.family.describe()}", *lines])
