@@ -16,6 +16,8 @@ import json
 import time
 from collections import Counter
 
+from llada_lsp.report import Report, Table, add_markdown_argument
+
 
 def eval_rewrite_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lab eval-rewrite", description=__doc__.split("\n\n")[0])
@@ -28,6 +30,7 @@ def eval_rewrite_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--show", type=int, default=0, metavar="K", help="print K refused and K applied proposals")
     ap.add_argument("--json", action="store_true", help="also print the counts as one JSON line")
+    add_markdown_argument(ap)
     args = ap.parse_args(argv)
     # Imported after parsing so that --help and usage errors load no torch.
     from llada_lsp.backends.native import load
@@ -44,21 +47,26 @@ def eval_rewrite_main(argv: list[str] | None = None) -> int:
     rows = rewrite_all(model, selections, args.mode)
     seconds = time.time() - started
 
-    print(f"rewrites of held-out selections, mode {args.mode}, model {args.model or 'embedded'}, {len(rows)} "
-          f"selections ({seconds:.0f} s)")  # fmt: skip
-    print("| selection | n | proposal parses | applied | refused | unchanged | too long | applied and unparsable |")
-    print("|---|---|---|---|---|---|---|---|")
+    caption = (f"Rewrites of held-out selections, mode {args.mode}, model {args.model or 'embedded'}, {len(rows)} "
+               f"selections ({seconds:.0f} s).")  # fmt: skip
+    table = Table(["selection", "n", "proposal parses", "applied", "refused", "unchanged", "too long",
+                   "applied and unparsable"])  # fmt: skip
     for kind in (*KINDS, "all"):
         rs = [r for r in rows if kind in ("all", r["kind"])]
         count = Counter(r["stopped"] for r in rs)
         broken = sum(r["stopped"] == "done" and not r["parses"] for r in rs)
-        print(f"| {kind} | {len(rs)} | {sum(bool(r['parses']) for r in rs)} | {count['done']} | {count['refused']} | "
-              f"{count['unchanged']} | {count['too long']} | {broken} |")  # fmt: skip
+        table.add(kind, len(rs), sum(bool(r["parses"]) for r in rs), count["done"], count["refused"],
+                  count["unchanged"], count["too long"], broken)  # fmt: skip
     reasons = Counter(r["reason"].split(" (")[0] for r in rows if r["stopped"] == "refused")
-    for reason, k in reasons.most_common():
-        print(f"refused, {k}: {reason}")
     n = max(len(rows), 1)
-    print(f"exact-unchanged rate: {sum(r['stopped'] == 'unchanged' for r in rows) / n:.1%}")
+    notes = [f"refused, {k}: {reason}" for reason, k in reasons.most_common()]
+    notes.append(f"exact-unchanged rate: {sum(r['stopped'] == 'unchanged' for r in rows) / n:.1%}")
+    print(caption, table.text(), *notes, sep="\n")
+    if args.markdown:
+        report = Report("Rewrites that keep code valid")
+        report.table(table, caption)
+        report.note("\n".join(f"- {line}" for line in notes))
+        report.write(args.markdown)
     for stopped in ("refused", "done") if args.show else ():
         for r in [r for r in rows if r["stopped"] == stopped][: args.show]:
             print(f"--- {stopped} ({r['kind']}, {r['path']}): {r['reason']}\n{r['selection']!r}\n->\n{r['proposal']!r}")
