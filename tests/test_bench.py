@@ -41,6 +41,15 @@ def test_the_timed_cached_run_pays_its_own_prefill(golden_dir):
     assert timed.prefill_forwards == 1 and timed.tokens == reference.tokens and seconds > 0
 
 
+@pytest.mark.slow
+def test_the_engine_comparison_prints_and_publishes_one_row_per_prompt(capsys, tmp_path, restore_threads):
+    argv = ["--prompt-lengths", "64,96", "--gen-length", "32", "--threads", "1", "--markdown", str(tmp_path / "b.md")]
+    assert bench.bench_main(argv) == 0
+    rows = table(capsys.readouterr().out)
+    assert [r[0] for r in rows] == ["64", "96"] and all(r[-1] == "True" for r in rows)  # same tokens both ways
+    assert table((tmp_path / "b.md").read_text()) == rows
+
+
 @pytest.mark.parametrize("name", list(bench.SHAPES))
 def test_named_shapes_are_the_real_configs(name):
     real = json.loads((CONFIGS / f"{name}.json").read_text())
@@ -61,11 +70,13 @@ def test_layers_keep_one_moe_layer_and_fp8_builds_fp8_experts():
     assert model.lm_head.weight.dtype == torch.float32 and not model.lm_head.weight.isnan().any()
 
 
-def test_step_bench_on_the_cpu(golden_dir, capsys):
+def test_step_bench_on_the_cpu(golden_dir, capsys, tmp_path):
     assert bench.bench_main(["--shape", str(golden_dir / "config.json"), "--device", "cpu", "--dtype", "float32",
-                             "--layers", "1", "--context", "64", "--iters", "2", "--peak-gbs", "10"]) == 0  # fmt: skip
+                             "--layers", "1", "--context", "64", "--iters", "2", "--peak-gbs", "10",
+                             "--markdown", str(tmp_path / "step.md")]) == 0  # fmt: skip
     out = capsys.readouterr().out
     rows = table(out)
+    assert table((tmp_path / "step.md").read_text()) == rows and "Command: `" in (tmp_path / "step.md").read_text()
     assert [r[0] for r in rows] == ["2 of 3", "3 (projected)"]
     (measured, projected) = rows
     assert 0 < float(measured[1]) < float(projected[1])  # ms: one more MoE layer costs time

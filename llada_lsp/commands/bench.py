@@ -24,6 +24,7 @@ from ..engine.policy import joint_threshold
 from ..model import BlockKVCache, LLaDA2, LLaDA2Config, fp8
 from ..model.llada2 import rope_cos_sin
 from ..model.loader import tensor_dtype
+from ..report import Report, Table, add_markdown_argument
 
 # About 50M parameters: 8 layers, hidden 512, 12 experts of 256 (top 2) plus a shared one.
 BENCH_CONFIG = dict(
@@ -88,30 +89,33 @@ def bench_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", default="speed", choices=list(PRESETS), help="decoding preset (default: speed)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random checkpoint and prompts (default: 0)")
+    add_markdown_argument(ap)
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     model = random_model(args.seed)
     n_params = sum(p.numel() for p in model.parameters())
-    print(
-        f"random LLaDA2 checkpoint: {n_params / 1e6:.1f}M parameters, {model.config.num_hidden_layers} layers, "
-        f"{model.config.num_experts} experts top-{model.config.num_experts_per_tok}; CPU, float32, "
-        f"{torch.get_num_threads()} threads; mode {args.mode}, gen_length {args.gen_length}"
-    )
+    caption = (f"Random LLaDA2 checkpoint: {n_params / 1e6:.1f}M parameters, {model.config.num_hidden_layers} layers, "
+               f"{model.config.num_experts} experts top-{model.config.num_experts_per_tok}; CPU, float32, "
+               f"{torch.get_num_threads()} threads; mode {args.mode}, gen_length {args.gen_length}.")  # fmt: skip
+    print(caption)
     cached, baseline = engines(model)
     gen = torch.Generator().manual_seed(args.seed)
-    header = "| prompt | steps | tokens/forward | cached tokens/s | recompute tokens/s | speedup | same tokens |"
-    print(header)
-    print("|" + "---|" * 7)
+    table = Table(["prompt", "steps", "tokens/forward", "cached tokens/s", "recompute tokens/s", "speedup",
+                   "same tokens"])  # fmt: skip
+    print(table.markdown())  # the header; each row as it is measured (the longest prompts take a while)
     for length in (int(x) for x in args.prompt_lengths.split(",")):
         prompt = torch.randint(0, model.config.vocab_size - 8, (length,), generator=gen).tolist()
         a, b, t = compare(cached, baseline, prompt, args.gen_length, args.mode)
         n = len(a.tokens)
-        print(
-            f"| {length} | {a.steps} (+{a.prefill_forwards} prefill) | {a.tokens_per_forward:.2f} | "
-            f"{n / a.seconds:.1f} | {n / t:.1f} | {t / a.seconds:.1f}x | {a.tokens == b.tokens} |",
-            flush=True,
-        )
+        table.add(length, f"{a.steps} (+{a.prefill_forwards} prefill)", f"{a.tokens_per_forward:.2f}",
+                  f"{n / a.seconds:.1f}", f"{n / t:.1f}", f"{t / a.seconds:.1f}x", a.tokens == b.tokens)  # fmt: skip
+        print(table.markdown().splitlines()[-1], flush=True)
+    if args.markdown:
+        report = Report("Speed: the cached engine against recompute-everything")
+        report.table(table, caption + " Both engines run side by side in one run; each timed run pays its own "
+                     "prefill (no prefix cache).")  # fmt: skip
+        report.write(args.markdown)
     return 0
 
 
@@ -271,6 +275,7 @@ def step_main(argv: list[str]) -> int:
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of a step")
     ap.add_argument("--peak-gbs", type=float, default=None, help="the device's memory bandwidth (default: by name)")
     ap.add_argument("--seed", type=int, default=0)
+    add_markdown_argument(ap)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -323,20 +328,24 @@ def step_main(argv: list[str]) -> int:
     moe = last.mlp.mode(x)  # SparseMoE's own rule: the Experts path this step's blocks take
     moe = "fused (Triton)" if moe == "fused" else moe
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"{args.shape}: {name}, {args.dtype}{', FP8 experts' if args.quantize else ''}, MoE {moe}, step rule "
-          f"{'fused (Triton)' if fused_rule else 'torch'}, {'CUDA graph' if graph else 'eager'}; batch {B} x {BLOCK} "
-          f"queries, context {S}; experts touched per layer: {min(touched)}-{max(touched)} of {config.num_experts}; "
-          f"peak {f'{peak:.0f} GB/s' if peak else 'unknown (--peak-gbs)'}")  # fmt: skip
-    print("| layers | ms/step | GB read/step | GB/s | of peak | floor ms | x floor | tok/s at paper tok/forward |")
-    print("|" + "---|" * 8)
+    caption = (f"{args.shape}: {name}, {args.dtype}{', FP8 experts' if args.quantize else ''}, MoE {moe}, step rule "
+               f"{'fused (Triton)' if fused_rule else 'torch'}, {'CUDA graph' if graph else 'eager'}; batch {B} x {BLOCK} "
+               f"queries, context {S}; experts touched per layer: {min(touched)}-{max(touched)} of {config.num_experts}; "
+               f"peak {f'{peak:.0f} GB/s' if peak else 'unknown (--peak-gbs)'}")  # fmt: skip
+    table = Table(["layers", "ms/step", "GB read/step", "GB/s", "of peak", "floor ms", "x floor",
+                   "tok/s at paper tok/forward"])  # fmt: skip
     rows = [(f"{config.num_hidden_layers} of {full}", ms, total)]
     if extra:
         rows.append((f"{full} (projected)", ms + extra * layer_ms, total + extra * per_layer))
     for label, t, nbytes in rows:
         gbs = nbytes / t / 1e6
         floor = nbytes / peak / 1e6 if peak else None
-        cells = [label, f"{t:.2f}", f"{nbytes / 1e9:.3g}", f"{gbs:.0f}", f"{gbs / peak:.0%}" if peak else "-",
-                 f"{floor:.2f}" if floor else "-", f"{t / floor:.1f}x" if floor else "-",
-                 f"{B * tpf * 1000 / t:.0f}" if tpf else "-"]  # fmt: skip
-        print("| " + " | ".join(cells) + " |", flush=True)
+        table.add(label, f"{t:.2f}", f"{nbytes / 1e9:.3g}", f"{gbs:.0f}", f"{gbs / peak:.0%}" if peak else "-",
+                  f"{floor:.2f}" if floor else "-", f"{t / floor:.1f}x" if floor else "-",
+                  f"{B * tpf * 1000 / t:.0f}" if tpf else "-")  # fmt: skip
+    print(caption, table.markdown(), sep="\n", flush=True)
+    if args.markdown:
+        report = Report(f"One denoising step at {args.shape} shapes")
+        report.table(table, caption + ".")
+        report.write(args.markdown)
     return 0
