@@ -59,6 +59,7 @@ from bench_lsp import RECORDING, EngineService, Keystroke, quantile, replay  # n
 
 from llada_lsp import wire  # noqa: E402
 from llada_lsp.completion.jobs import CHARS_PER_TOKEN, CONTEXT_TOKENS, MAX_TOKENS, window  # noqa: E402
+from llada_lsp.report import Report, Table, add_markdown_argument  # noqa: E402
 from llada_lsp.service.client import EngineClient, EngineFailure  # noqa: E402
 
 READY_TIMEOUT = 300.0  # seconds for a service to load its model
@@ -301,43 +302,44 @@ def row_specs(args) -> list[RowSpec]:
     return specs
 
 
-def cell(value, fmt: str, width: int) -> str:
+def cell(value, fmt: str) -> str:
     if value is None or value != value:
-        return f"{'-':>{width}}"
-    return f"{value:{width}{fmt}}"
+        return "-"
+    return f"{value:{fmt}}"
 
 
 def percent(rate: float | None) -> str:
     return "-" if rate is None else f"{rate * 100:.1f}%"
 
 
-def print_table(rows: list[Row]) -> None:
-    head = (f"{'editors':>7} {'batch':>7} {'prefix$':>7} {'answered':>8} {'failed':>6} {'compl/s':>8} {'tok/s':>8} "
-            f"{'p50 ms':>8} {'p95 ms':>8} {'batch':>6} {'max':>4} {'hit':>6} {'RSS MiB':>8}")  # fmt: skip
-    print("\n" + head)
+def serve_table(rows: list[Row]) -> tuple[Table, list[str]]:
+    """The rows as a table, and the footnotes it needs."""
+    table = Table(["editors", "batching", "prefix cache", "answered", "failed", "completions/s", "tokens/s", "p50 ms",
+                   "p95 ms", "rows per forward", "max", "prefix-cache hits", "service RSS MiB"])  # fmt: skip
     for r in rows:
         p50, p95 = r.p(0.5), r.p(0.95)
         editors = f"1<-{r.alone_of}" if r.alone_of else str(r.editors)
-        print(f"{editors:>7} {r.batching:>7} {r.prefix_cache + '*' * r.paired:>7} {r.answered:8} {sum(r.failed.values()):6} "
-              f"{cell(r.completions_per_s, '.2f', 8)} {cell(r.tokens_per_s, '.1f', 8)} "
-              f"{cell(p50 and p50 * 1000, '.1f', 8)} {cell(p95 and p95 * 1000, '.1f', 8)} "
-              f"{cell(r.batch_mean, '.2f', 6)} {cell(r.batch_max, 'd', 4)} {percent(r.cache_hit_rate):>6} "
-              f"{cell(r.rss_mib, '.0f', 8)}")  # fmt: skip
+        table.add(editors, r.batching, r.prefix_cache + "*" * r.paired, r.answered, sum(r.failed.values()),
+                  cell(r.completions_per_s, ".2f"), cell(r.tokens_per_s, ".1f"), cell(p50 and p50 * 1000, ".1f"),
+                  cell(p95 and p95 * 1000, ".1f"), cell(r.batch_mean, ".2f"), cell(r.batch_max, "d"),
+                  percent(r.cache_hit_rate), cell(r.rss_mib, ".0f"))  # fmt: skip
+    notes = []
     if any(r.alone_of for r in rows):
-        print("1<-N: one editor alone typing the keystrokes the row of N editors answered (the same work)")
+        notes.append("1<-N: one editor alone typing the keystrokes the row of N editors answered (the same work)")
     if any(r.paired for r in rows):
-        print("*: the paired rows (keystrokes sent to both services in turn; their rates share one wall clock)")
+        notes.append("*: the paired rows (keystrokes sent to both services in turn; their rates share one wall clock)")
     if any(r.failed for r in rows):  # by kind ("busy": over the engine's --max-queue)
-        print("failed:", "; ".join(f"{r.editors} editors, batch {r.batching}, prefix cache {r.prefix_cache}: "
-                                   f"{r.failed}" for r in rows if r.failed))  # fmt: skip
+        notes.append("failed: " + "; ".join(f"{r.editors} editors, batch {r.batching}, prefix cache {r.prefix_cache}: "
+                                            f"{r.failed}" for r in rows if r.failed))  # fmt: skip
+    return table, notes
 
 
 def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x" if a is not None and b and a == a and b == b else "-"
 
 
-def print_ratios(rows: list[Row]) -> None:
-    print()
+def ratios(rows: list[Row]) -> list[str]:
+    lines = []
     for batching in ("on", "off", "default"):
         same = {r.editors: r for r in rows if r.batching == batching and not r.paired and not r.alone_of}
         alone = {r.alone_of: r for r in rows if r.batching == batching and r.alone_of}
@@ -345,22 +347,27 @@ def print_ratios(rows: list[Row]) -> None:
         if one is not None and any(n in same for n in (4, 8)):
             tok = ", ".join(f"{n} editors {ratio(same[n].tokens_per_s, one.tokens_per_s)}" for n in (4, 8) if n in same)
             p50 = ", ".join(f"{n} editors {ratio(same[n].p(0.5), one.p(0.5))}" for n in (4, 8) if n in same)
-            print(f"batching {batching}: aggregate tokens/s against the 1-editor row: {tok}")
-            print(f"batching {batching}: p50 time to answer against the 1-editor row: {p50}")
+            lines.append(f"batching {batching}: aggregate tokens/s against the 1-editor row: {tok}")
+            lines.append(f"batching {batching}: p50 time to answer against the 1-editor row: {p50}")
         if any(n in alone for n in (4, 8)):
             ns = [n for n in (2, 4, 8) if n in alone and n in same]
             tok = ", ".join(f"{n} editors {ratio(same[n].tokens_per_s, alone[n].tokens_per_s)}" for n in ns)
             p50 = ", ".join(f"{n} editors {ratio(same[n].p(0.5), alone[n].p(0.5))}" for n in ns)
-            print(f"batching {batching}: aggregate tokens/s against 1 editor typing the same keystrokes alone: {tok}")
-            print(f"batching {batching}: p50 time to answer against 1 editor typing the same keystrokes alone: {p50}")
+            lines.append(
+                f"batching {batching}: aggregate tokens/s against 1 editor typing the same keystrokes alone: {tok}"
+            )
+            lines.append(
+                f"batching {batching}: p50 time to answer against 1 editor typing the same keystrokes alone: {p50}"
+            )
     pair = [r for r in rows if r.paired]
     if len(pair) == 2:
         on, off = pair
         ms = [x * 1000 if x is not None else None for x in (on.p(0.5), off.p(0.5))]
-        print(
+        lines.append(
             f"1 editor, the same {on.answered} keystrokes to two services in turn: p50 with the prefix cache "
-            f"{cell(ms[0], '.1f', 0)} ms, without {cell(ms[1], '.1f', 0)} ms: on/off {ratio(on.p(0.5), off.p(0.5))}"
+            f"{cell(ms[0], '.1f')} ms, without {cell(ms[1], '.1f')} ms: on/off {ratio(on.p(0.5), off.p(0.5))}"
         )
+    return lines
 
 
 def editor_counts(text: str) -> list[int]:
@@ -427,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", help="the engine's dtype (default: its own choice)")
     ap.add_argument("--threads", type=int, default=2, help="the engine's torch threads (default 2)")
     ap.add_argument("--json", metavar="PATH", help="also write the rows (and the run's settings) as JSON")
+    add_markdown_argument(ap)
     args = ap.parse_args(argv)
     if args.limit < 1:
         ap.error("--limit must be positive")
@@ -434,9 +442,10 @@ def main(argv: list[str] | None = None) -> int:
 
     _, keys = replay(RECORDING, None)
     specs = row_specs(args)
-    print(f"{len(specs)} rows, {args.limit} keystrokes per editor over {RECORDING.name} ({len(keys)} recorded), "
-          f"mode {args.mode}, max_tokens {args.max_tokens}, context_tokens {args.context_tokens}, "
-          f"{args.threads} engine thread(s), {os.cpu_count()} CPUs")  # fmt: skip
+    setup = (f"{len(specs)} rows, {args.limit} keystrokes per editor over {RECORDING.name} ({len(keys)} recorded), "
+             f"mode {args.mode}, max_tokens {args.max_tokens}, context_tokens {args.context_tokens}, "
+             f"{args.threads} engine thread(s), {os.cpu_count()} CPUs")  # fmt: skip
+    print(setup)
     started = time.perf_counter()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # the `finally`s stop the service
     try:
@@ -444,11 +453,18 @@ def main(argv: list[str] | None = None) -> int:
     except ServiceFailed as err:
         print(f"\nbench_serve: {err}", file=sys.stderr)
         return 1
-    print_table(rows)
-    print_ratios(rows)
-    print(f"\n{time.perf_counter() - started:.0f} s in all")
+    table, notes = serve_table(rows)
+    lines = ratios(rows)
+    seconds = time.perf_counter() - started
+    print("", table.text(), *notes, "", *lines, f"\n{seconds:.0f} s in all", sep="\n")
+    if args.markdown:
+        report = Report("Serving many editors at once")
+        report.table(table, f"{setup} ({seconds:.0f} s). Batching on is --max-batch {args.max_batch}, off is "
+                     "--max-batch 1; a row ends when the first editor has typed its keystrokes.")  # fmt: skip
+        report.note("\n".join(f"- {line}" for line in [*notes, *lines]))
+        report.write(args.markdown)
     if args.json:
-        settings = {k: v for k, v in vars(args).items() if k != "json"}
+        settings = {k: v for k, v in vars(args).items() if k not in ("json", "markdown")}
         out = [asdict(r) | {"completions_per_s": r.completions_per_s, "tokens_per_s": r.tokens_per_s,
                             "p50_s": r.p(0.5), "p95_s": r.p(0.95)} for r in rows]  # fmt: skip
         Path(args.json).write_text(json.dumps({"settings": settings, "rows": out}, indent=1, default=str) + "\n")
