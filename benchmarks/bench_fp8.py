@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from llada_lsp.model import LLaDA2, LLaDA2Config, load_model, save_model
+from llada_lsp.report import Report, Table, add_markdown_argument
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "llada2-tiny"
@@ -124,13 +125,14 @@ def infill_figures(n: int, seed: int = 1234) -> dict[str, dict]:
     return out
 
 
-def show(label: str, f: dict[str, float]) -> None:
-    verdict = "meets" if meets_bar(f) else "MISSES"
+def show(table: Table, label: str, f: dict[str, float]) -> None:
+    verdict = "met" if meets_bar(f) else "missed"
+    table.add(label, f"{f['median']:.2f}", f"{f['past_1']:.1%}", f"{f['argmax']:.1%}", verdict)
     print(f"{label}: {f['rows']} rows, median |error| {f['median']:.3f}, rows past 1.0 {f['past_1']:.1%}, "
           f"argmax agreement {f['argmax']:.1%}: {verdict} the bar")  # fmt: skip
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=64, help="query tokens of the random layer (default: 64)")
     ap.add_argument("--vocab", type=int, default=None, help="cut the random layer's vocabulary (default: mini's)")
@@ -143,29 +145,41 @@ def main() -> int:
         help="also score N rest-of-line tasks per model with eval-infill's tasks (default: 0, skip)",
     )
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    args = ap.parse_args()
+    add_markdown_argument(ap)
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    show("golden tiny checkpoint, FP8 experts vs bf16", golden_figures())
+    table = Table(["model", "median error", "rows past 1.0", "argmax agreement", "the bf16 bar (< 0.5, <= 5%, >= 0.9)"])
+    notes = []
+    golden = golden_figures()
+    show(table, f"the golden tiny checkpoint (64 wide, random), {golden['rows']} rows", golden)
     raw = json.loads(MINI.read_text())
     if args.vocab:  # the special ids must stay inside a cut vocabulary
         raw |= {"vocab_size": args.vocab, "mask_token_id": args.vocab - 1, "eos_token_id": args.vocab - 2,
                 "pad_token_id": args.vocab - 2}  # fmt: skip
     started = time.time()
     layer = random_layer_figures(raw, args.tokens, args.logit_std)
-    show(f"one random MoE layer at LLaDA2.1-mini shapes (vocab {raw['vocab_size']}, {time.time() - started:.0f} s), "
-         "FP8 experts vs bf16", layer)  # fmt: skip
+    show(table, f"one random MoE layer at LLaDA2.1-mini shapes (vocab {raw['vocab_size']}), {layer['rows']} rows "
+         f"({time.time() - started:.0f} s)", layer)  # fmt: skip
     if args.infill:
         figures = infill_figures(args.infill)
         for name in ("bf16", "fp8"):
             f = figures[name]
-            print(f"embedded model, {name}: rest-of-line first-line exact match {f['first_line_em']:.1%} of "
-                  f"{f['n']} tasks (full {f['full_em']:.1%}, syntax-valid {f['syntax_ok']:.1%}, "
-                  f"{f['seconds']:.0f} s)")  # fmt: skip
+            notes.append(f"embedded model, {name}: rest-of-line first-line exact match {f['first_line_em']:.1%} of "
+                         f"{f['n']} tasks (full {f['full_em']:.1%}, syntax-valid {f['syntax_ok']:.1%}, "
+                         f"{f['seconds']:.0f} s)")  # fmt: skip
         split = figures["paired"]
         gap = figures["bf16"]["first_line_em"] - figures["fp8"]["first_line_em"]
-        print(f"FP8 vs bf16: {gap * 100:.1f} points lost (bar: within 2); right only in bf16 {split['only_bf16']}, "
-              f"only in fp8 {split['only_fp8']} (sign test p = {split['sign_test_p']:.2f})")  # fmt: skip
+        notes.append(f"FP8 vs bf16: {gap * 100:.1f} points lost (bar: within 2); right only in bf16 "
+                     f"{split['only_bf16']}, only in fp8 {split['only_fp8']} (sign test p = {split['sign_test_p']:.2f})")  # fmt: skip
+        print(*notes, sep="\n")
+    if args.markdown:
+        report = Report("FP8 experts against bf16")
+        report.table(table, "Per-row max |logit error| against the same model in bf16, on the CPU (FP8 experts "
+                     "dequantized per tile, activations quantized per token).")  # fmt: skip
+        if notes:
+            report.note("\n".join(f"- {line}" for line in notes))
+        report.write(args.markdown)
     return 0
 
 

@@ -13,6 +13,8 @@ import statistics
 import subprocess
 import sys
 
+from llada_lsp.report import Report, Table, add_markdown_argument
+
 CHILD = """
 import json, time
 t0 = time.perf_counter()
@@ -27,17 +29,24 @@ print(json.dumps({"import torch": t1 - t0, "import llada_lsp + transformers": t2
 """
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5)
-    args = ap.parse_args()
+    add_markdown_argument(ap)
+    args = ap.parse_args(argv)
     runs = [
         json.loads(subprocess.run([sys.executable, "-c", CHILD], check=True, capture_output=True, text=True).stdout)
         for _ in range(args.runs)
     ]
-    print(f"embedded model, cold process, median of {args.runs} runs")
+    caption = f"The embedded model in a cold process, median of {args.runs} runs."
+    table = Table(["step", "seconds"])
     for key in runs[0]:
-        print(f"  {key:34s} {statistics.median(r[key] for r in runs):6.2f} s")
+        table.add(key, f"{statistics.median(r[key] for r in runs):.2f}")
+    print(caption, table.text(), sep="\n")
+    if args.markdown:
+        report = Report("Loading the embedded model")
+        report.table(table, caption)
+        report.write(args.markdown)
 
 
 if __name__ == "__main__":

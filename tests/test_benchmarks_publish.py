@@ -1,0 +1,43 @@
+"""The small benchmarks publish what they print: bench_load and bench_fp8 with --markdown."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rows(markdown: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in markdown.splitlines()
+            if line.startswith("| ") and not line.startswith("|---")][1:]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_bench_load_publishes_each_step_of_a_cold_start(tmp_path):
+    benchmark("bench_load").main(["--runs", "1", "--markdown", str(tmp_path / "load.md")])
+    published = (tmp_path / "load.md").read_text()
+    steps = {row[0]: float(row[1]) for row in rows(published)}
+    assert set(steps) == {"import torch", "import llada_lsp + transformers", "load weights + tokenizer", "total"}
+    assert 0 < steps["import torch"] < steps["total"] and "Command: `" in published
+
+
+@pytest.mark.slow
+def test_bench_fp8_publishes_its_bar(tmp_path, restore_threads):
+    bench = benchmark("bench_fp8")
+    assert bench.main(["--vocab", "512", "--tokens", "16", "--threads", "1", "--markdown", str(tmp_path / "f.md")]) == 0
+    table = rows((tmp_path / "f.md").read_text())
+    assert [row[0].split(",")[0] for row in table] == [
+        "the golden tiny checkpoint (64 wide",
+        "one random MoE layer at LLaDA2.1-mini shapes (vocab 512)",
+    ]
+    assert all(row[-1] in ("met", "missed") for row in table)
