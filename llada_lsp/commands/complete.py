@@ -16,12 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lsprotocol import types
-from pygls.exceptions import JsonRpcException
-from pygls.lsp.client import LanguageClient
-
+from ..lsp_client import LspClient, LspError, edited, position
 from ..server.documents import Document
-from ..server.positions import UTF16, to_character
 from ..server.transport import MAX_CONTENT_LENGTH
 
 EXIT_CODES = """exit codes: 0 done (complete: the completion is printed; rewrite: the new text or the diff);
@@ -34,111 +30,79 @@ SPAN = re.compile(r"^(?P<file>.+):(?P<l1>\d+):(?P<c1>\d+)-(?P<l2>\d+):(?P<c2>\d+
 
 
 class Session:
-    """One server process, one open document, as an editor holds them."""
+    """One server process, one open document, as an editor holds them (lsp_client.py speaks for it)."""
 
     def __init__(self, doc: Document, path: Path, args: argparse.Namespace, options: dict[str, Any]):
         self.path, self.args, self.options = path, args, options
         self.doc = doc
-        self.client = LanguageClient("llada-lsp-headless", "1")
         self.messages: list[str] = []
         self.drafts: list[dict] = []
-        self.client.feature(types.WINDOW_SHOW_MESSAGE)(lambda params: self.messages.append(params.message))
-        self.client.feature(types.WINDOW_LOG_MESSAGE)(lambda params: None)  # the server's stderr says it too
-        # pygls marks handlers with attributes, which bound methods cannot carry: plain functions.
-        self.client.feature("llada/draft")(lambda params: self._on_draft(params))
-        self.client.feature(types.WORKSPACE_APPLY_EDIT)(lambda params: self._apply_edit(params))
         self.state: dict[str, Any] = {}
         self._state_changed = asyncio.Event()
-        self.client.feature("llada/status")(lambda params: self._on_status(params))
 
     async def __aenter__(self) -> Session:
         server = [sys.executable, "-m", "llada_lsp", "serve", "--log-level", self.args.log_level or "warning"]
         for flag in ("model", "device", "dtype", "threads", "engine", "token_file"):
             if getattr(self.args, flag, None):
                 server += [f"--{flag.replace('_', '-')}", str(getattr(self.args, flag))]
-        await self.client.start_io(*server)
         # The server's log goes to stderr as it comes when asked for (--log-level); otherwise it is
         # kept, and shown only if the server ends without an answer: a failure is said in one line.
-        self.log = bytearray()
-        self._stderr = asyncio.create_task(
-            _forward(self.client._server.stderr, None if self.args.log_level else self.log)
-        )
-        capabilities = types.ClientCapabilities(
-            general=types.GeneralClientCapabilities(position_encodings=[UTF16]),
-            workspace=types.WorkspaceClientCapabilities(
-                apply_edit=True, workspace_edit=types.WorkspaceEditClientCapabilities(document_changes=True)),
-            experimental={"lladaDrafts": bool(getattr(self.args, "drafts", False))},
-        )  # fmt: skip
-        params = types.InitializeParams(capabilities=capabilities, initialization_options=self.options)
-        await self.client.initialize_async(params)
-        self.client.initialized(types.InitializedParams())
+        self.client = client = await LspClient.start(server, stderr="forward" if self.args.log_level else "keep")
+        client.on("window/showMessage", lambda params: self.messages.append(params["message"]))
+        client.on("llada/draft", self._on_draft)
+        client.on("llada/status", self._on_status)
+        client.answer("workspace/applyEdit", self._apply_edit)
+        capabilities = {"workspace": {"applyEdit": True, "workspaceEdit": {"documentChanges": True}},
+                        "experimental": {"lladaDrafts": bool(getattr(self.args, "drafts", False))}}  # fmt: skip
+        await client.initialize(capabilities, self.options)
         language = "python" if self.path.suffix == ".py" else "plaintext"
-        item = types.TextDocumentItem(self.doc.uri, language, 1, self.doc.text)
-        self.client.text_document_did_open(types.DidOpenTextDocumentParams(item))
+        self.doc = client.did_open(self.doc.uri, self.doc.text, language)
         return self
 
     async def __aexit__(self, *exc) -> None:
-        try:
-            await asyncio.wait_for(self.client.shutdown_async(None), 30)
-            self.client.exit(None)
-        finally:
-            await self.client.stop()
-            await self._stderr
+        await self.client.shutdown(30)
 
-    def position(self, line: int, col: int) -> types.Position:
-        """1-based line and column in characters -> an LSP position in UTF-16 code units."""
-        text = self.doc.line(line - 1) if 0 < line <= len(self.doc.line_starts) else ""
-        return types.Position(line - 1, to_character(text, col - 1, UTF16))
+    def position(self, line: int, col: int) -> dict[str, int]:
+        """1-based line and column in characters (checked by `_check`) -> an LSP position."""
+        return position(self.doc, self.doc.line_starts[line - 1] + col - 1, self.client.encoding)
 
-    def _on_status(self, params) -> None:
-        self.state = {"state": params.state, "error": getattr(params, "error", None)}
+    def _on_status(self, params: dict) -> None:
+        self.state = {"state": params["state"], "error": params.get("error")}
         self._state_changed.set()
 
     async def loaded(self) -> None:
         """Waits while the model loads (completions answer nothing meanwhile); SessionFailed if it
         cannot load or the engine is unreachable."""
-        exited = asyncio.ensure_future(self.client._server.wait())
-        try:
-            while self.state.get("state") in (None, "loading"):
-                self._state_changed.clear()
-                changed = asyncio.ensure_future(self._state_changed.wait())
-                await asyncio.wait([changed, exited], return_when=asyncio.FIRST_COMPLETED)
-                changed.cancel()
-                if exited.done():
-                    await self._stderr
-                    sys.stderr.buffer.write(self.log)
-                    raise SessionFailed(f"the server ended (exit code {exited.result()}) before the model loaded")
-        finally:
-            exited.cancel()
+        exited = self.client.exited
+        while self.state.get("state") in (None, "loading"):
+            self._state_changed.clear()
+            changed = asyncio.ensure_future(self._state_changed.wait())
+            await asyncio.wait([changed, exited], return_when=asyncio.FIRST_COMPLETED)
+            changed.cancel()
+            if exited.done():
+                await self.client.shutdown()  # reads what is left of its stderr
+                sys.stderr.buffer.write(self.client.stderr)
+                raise SessionFailed(f"the server ended (exit code {exited.result()}) before the model loaded")
         if self.state["state"] != "ready":
             raise SessionFailed(self.state.get("error") or f"the model is {self.state['state']}")
 
-    def _on_draft(self, params) -> None:
+    def _on_draft(self, params: dict) -> None:
         self.drafts.append(params)
         if getattr(self.args, "drafts", False):
-            print(f"[draft step {params.step}{' final' if params.final else ''}] {params.text!r}", file=sys.stderr)
+            final = " final" if params.get("final") else ""
+            print(f"[draft step {params['step']}{final}] {params['text']!r}", file=sys.stderr)
 
-    def _apply_edit(self, params: types.ApplyWorkspaceEditParams) -> types.ApplyWorkspaceEditResult:
-        changes = [change.edits for change in params.edit.document_changes or []]
-        changes += list((params.edit.changes or {}).values())
+    def _apply_edit(self, params: dict) -> dict:
+        edit = params["edit"]
+        changes = [change.get("edits", []) for change in edit.get("documentChanges") or []]
+        changes += list((edit.get("changes") or {}).values())
         for edits in changes:
-            for edit in reversed(edits):
-                r = edit.range
-                self.doc.edit((r.start.line, r.start.character), (r.end.line, r.end.character), edit.new_text, UTF16)
-        return types.ApplyWorkspaceEditResult(applied=True)
+            self.doc.replace(edited(self.doc, edits, self.client.encoding))
+        return {"applied": True}
 
 
 class SessionFailed(Exception):
     """The server cannot serve (no model, no engine): one line for the user, exit code 1."""
-
-
-async def _forward(stream, kept: bytearray | None) -> None:
-    while line := await stream.readline():
-        if kept is not None:
-            kept += line
-            continue
-        sys.stderr.buffer.write(line)
-        sys.stderr.flush()
 
 
 def _common(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -260,22 +224,23 @@ def complete_main(argv: list[str] | None = None) -> int:
 
 async def _complete(doc: Document, path: Path, line: int, col: int, args, options) -> int:
     async with Session(doc, path, args, options) as session:
-        params = types.InlineCompletionParams(
-            text_document=types.TextDocumentIdentifier(session.doc.uri), position=session.position(line, col),
-            context=types.InlineCompletionContext(types.InlineCompletionTriggerKind.Invoked),
-        )  # fmt: skip
+        params = {
+            "textDocument": {"uri": session.doc.uri},
+            "position": session.position(line, col),
+            "context": {"triggerKind": 1},  # Invoked
+        }
         try:
             await session.loaded()  # asked during the load, a completion is answered with nothing
-            result = await session.client.text_document_inline_completion_async(params)
-        except JsonRpcException as err:
+            result = await session.client.request("textDocument/inlineCompletion", params)
+        except LspError as err:
             return _fail("complete", err.message)
         except SessionFailed as err:
             return _fail("complete", str(err))
-    items = getattr(result, "items", result) or []
+    items = (result.get("items") if isinstance(result, dict) else result) or []
     if not items:  # an empty line on stdout would read as a whitespace answer
         print("llada-lsp complete: no completion", file=sys.stderr)
         return 1
-    print(items[0].insert_text)
+    print(items[0]["insertText"])
     return 0
 
 
@@ -315,14 +280,14 @@ async def _rewrite(doc: Document, path: Path, span: tuple[int, int, int, int], a
         l1, c1, l2, c2 = span
         argument = {
             "textDocument": {"uri": session.doc.uri, "version": session.doc.version},
-            "range": {"start": _plain(session.position(l1, c1)), "end": _plain(session.position(l2, c2))},
+            "range": {"start": session.position(l1, c1), "end": session.position(l2, c2)},
         }
         if args.instruction:
             argument["instruction"] = args.instruction
-        params = types.ExecuteCommandParams(command="llada.rewriteSelection", arguments=[argument])
+        params = {"command": "llada.rewriteSelection", "arguments": [argument]}
         try:
-            result = await session.client.workspace_execute_command_async(params)
-        except JsonRpcException as err:
+            result = await session.client.request("workspace/executeCommand", params)
+        except LspError as err:
             return _fail("rewrite", err.message)
     if result.get("changed") is False:  # kept as it was: the selection is the answer, nothing to write
         print(f"llada-lsp rewrite: {result.get('reason')}", file=sys.stderr)
@@ -363,7 +328,3 @@ def _run(coroutine) -> int:
 def _options(args, **settings) -> dict[str, Any]:
     settings["contextTokens"] = args.context_tokens
     return {key: value for key, value in settings.items() if value is not None}
-
-
-def _plain(position: types.Position) -> dict[str, int]:
-    return {"line": position.line, "character": position.character}
