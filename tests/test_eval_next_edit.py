@@ -1,41 +1,38 @@
-"""`llada-lab eval-next-edit`'s harness: positions, applying an answer, and a whole run against a
+"""`llada-lab eval-next-edit`'s harness: applying an answer, and a whole run against a
 stand-in server (tests/fakes/next_edit_server.py) that keeps the document from the replayed history."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
 
 from llada_lab.commands import eval_next_edit as ev
 from llada_lab.training.edit_pairs import write_jsonl_gz
+from llada_lsp.lsp_client import position
+from llada_lsp.server.documents import Document
+from llada_lsp.server.positions import UTF16
 
 FAKE = Path(__file__).parent / "fakes" / "next_edit_server.py"
 TEXT = "# 😀 é\ndef f(a):\n    return a\n"
 
 
-def test_positions_count_utf16_code_units_both_ways():
-    at = TEXT.index("é") + 1  # after the emoji (2 UTF-16 units), a space and é
-    assert ev.to_position(TEXT, at) == {"line": 0, "character": 6}
-    assert ev.to_position(TEXT, at, "utf-8") == {"line": 0, "character": 9}
-    for off in range(len(TEXT) + 1):
-        assert ev.to_offset(TEXT, ev.to_position(TEXT, off)) == off
-    assert ev.to_offset(TEXT, {"line": 1, "character": 99}) == TEXT.index("\n    ")  # clamped to the line's end
-    assert ev.to_offset(TEXT, {"line": 9, "character": 0}) == len(TEXT)
-
-
 def test_an_answer_applies_all_its_edits_against_its_version():
+    doc = Document("file:///m.py", 3, TEXT)
+
     def rng(a, b):
-        return {"start": ev.to_position(TEXT, a), "end": ev.to_position(TEXT, b)}
+        return {"start": position(doc, a, UTF16), "end": position(doc, b, UTF16)}
 
     i, j = TEXT.index("(a)") + 1, TEXT.index("return a") + 7
     answer = {
         "edits": [{"range": rng(i, i + 1), "newText": "b"}, {"range": rng(j, j + 1), "newText": "b"}],
         "version": 3,
     }
-    assert ev.apply_answer(TEXT, answer, 3) == TEXT.replace("(a)", "(b)").replace("return a", "return b")
-    assert ev.apply_answer(TEXT, answer, 4) is None  # an answer for another version is not applied
-    assert ev.apply_answer(TEXT, {"edits": []}, 3) is None
+    assert ev.apply_answer(doc, answer, UTF16) == TEXT.replace("(a)", "(b)").replace("return a", "return b")
+    assert doc.text == TEXT  # the suggestion is scored, not applied to the document
+    assert ev.apply_answer(Document(doc.uri, 4, TEXT), answer, UTF16) is None  # an answer for another version
+    assert ev.apply_answer(doc, {"edits": []}, UTF16) is None
 
 
 BEFORE = "# 😀 é\ndef f(old_name):\n    return old_name + old_name\n"
@@ -70,12 +67,9 @@ def test_a_whole_run_against_a_stand_in_server(tmp_path, capsys):
     path = tmp_path / "cases.jsonl.gz"
     write_jsonl_gz(path, cases)
     server = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKE))}"
-    assert (
-        ev.eval_next_edit_main(
-            ["--cases", str(path), "--server", server, "--json", "--configs", "shipped,no-history,always-silent"]
-        )
-        == 0
-    )
+    published = tmp_path / "next_edit.md"
+    argv = ["--cases", str(path), "--server", server, "--json", "--configs", "shipped,no-history,always-silent"]
+    assert ev.eval_next_edit_main([*argv, "--markdown", str(published)]) == 0
     out = capsys.readouterr().out
     rows = __import__("json").loads(out.strip().splitlines()[-1])
     shipped, no_history, silent = rows["shipped model"], rows["rewrite the window without history"], rows[ev.SILENT]
@@ -85,8 +79,12 @@ def test_a_whole_run_against_a_stand_in_server(tmp_path, capsys):
     assert shipped["p50_ms"] > 0
     assert no_history == {**no_history, "suggested": 0, "exact_all": 2 / 3, "exact_edit": 0}
     assert silent["exact_all"] == 2 / 3 and silent["silent_recall"] == 1
-    assert "| shipped model | 66.7% | 100.0% | 100 |" in out
-    assert "shipped model vs rewrite the window without history: exact only in the first 1, only in the second 1" in out
+    assert re.search(r"^shipped model +66\.7% +100\.0% +100 ", out, re.M)  # the terminal's table, aligned
+    pair = "shipped model vs rewrite the window without history: exact only in the first 1, only in the second 1"
+    assert pair in out
+    markdown = published.read_text()
+    assert markdown.startswith("## Next-edit suggestions") and "Commit: `" in markdown and f"- {pair}" in markdown
+    assert "| shipped model | 66.7% | 100.0% | 100 |" in markdown
 
 
 def test_an_earlier_runs_scores_are_tabulated_and_sign_tested_beside_this_runs(tmp_path, capsys):
@@ -104,7 +102,7 @@ def test_an_earlier_runs_scores_are_tabulated_and_sign_tested_beside_this_runs(t
     assert first["change"] == [second, second + 3, "new"]  # old_name -> new_name, the shared "_name" trimmed
     ev.eval_next_edit_main(["--cases", str(path), "--configs", "always-silent", "--load", str(saved)])
     out = capsys.readouterr().out
-    assert "| shipped model | 100.0% |" in out and f"| {ev.SILENT} | 50.0% |" in out
+    assert re.search(r"^shipped model +100\.0% ", out, re.M) and re.search(rf"^{ev.SILENT} +50\.0% ", out, re.M)
     assert f"shipped model vs {ev.SILENT}: exact only in the first 1, only in the second 0" in out
     write_jsonl_gz(path, cases[:1])
     try:

@@ -15,17 +15,19 @@ case by case on exact match.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import os
-import queue
 import shlex
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from llada_lsp.lsp_client import LspClient, LspError, edited, position
+from llada_lsp.report import Report, Table, add_markdown_argument
+from llada_lsp.server.documents import Document
 
 from ..training.edit_pairs import EVAL_SET, apply, read_jsonl_gz
 from ..training.eval_next_edit import (
@@ -38,217 +40,50 @@ from ..training.eval_next_edit import (
 SILENT = "always silent"
 
 
-# --- positions (the protocol's lines and code units <-> str offsets) ---------------------------------
-
-
-def _units(s: str, encoding: str) -> int:
-    if encoding == "utf-32":
-        return len(s)
-    if encoding == "utf-8":
-        return len(s.encode("utf-8", errors="surrogatepass"))
-    return len(s.encode("utf-16-le", errors="surrogatepass")) // 2
-
-
-def to_position(text: str, offset: int, encoding: str = "utf-16") -> dict:
-    """str offset -> LSP Position (lines split at \\n: the cases hold no \\r)."""
-    line = text.count("\n", 0, offset)
-    start = text.rfind("\n", 0, offset) + 1
-    return {"line": line, "character": _units(text[start:offset], encoding)}
-
-
-def to_offset(text: str, position: dict, encoding: str = "utf-16") -> int:
-    """LSP Position -> str offset; past the end of a line clamps to its end, past the last line to the text's."""
-    start = 0
-    for _ in range(position["line"]):
-        nl = text.find("\n", start)
-        if nl < 0:
-            return len(text)
-        start = nl + 1
-    end = text.find("\n", start)
-    line = text[start:] if end < 0 else text[start:end]
-    want, i, units = position["character"], 0, 0
-    while i < len(line) and units < want:
-        units += _units(line[i], encoding)
-        if units > want:
-            break
-        i += 1
-    return start + i
-
-
-def apply_answer(text: str, result: Any, version: int, encoding: str = "utf-16") -> str | None:
+def apply_answer(doc: Document, result: Any, encoding: str) -> str | None:
     """The text after a `llada/nextEdit` result's edits (all of them: together they are the suggestion),
-    or None when the result suggests nothing (no edits, an edit that changes nothing, another version)."""
+    or None when the result suggests nothing (no edits, or an answer for another version)."""
     if not isinstance(result, dict) or not result.get("edits"):
         return None
-    if result.get("version") is not None and result["version"] != version:
+    if result.get("version") is not None and result["version"] != doc.version:
         return None
-    spans = sorted(
-        (
-            (to_offset(text, e["range"]["start"], encoding), to_offset(text, e["range"]["end"], encoding), e["newText"])
-            for e in result["edits"]
-        ),
-        reverse=True,
-    )
-    for start, end, new in spans:
-        text = text[:start] + new + text[end:]
-    return text
-
-
-# --- a minimal LSP client over a child's stdio -------------------------------------------------------
-
-
-class LspError(RuntimeError):
-    pass
-
-
-class StdioClient:
-    """JSON-RPC over a child process's stdin/stdout, as an editor speaks it: requests with ids (answered
-    in any order), notifications, and requests from the server answered with a null result."""
-
-    def __init__(self, command: list[str], env: dict | None = None):
-        self.proc = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
-        )
-        self._next = 0
-        self._lock = threading.Lock()
-        self._waiting: dict[int, queue.Queue] = {}
-        self.logs: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
-
-    def _drain_stderr(self) -> None:
-        for line in self.proc.stderr:
-            self.logs.append(line.decode("utf-8", "replace").rstrip())
-            del self.logs[:-200]
-
-    def _send(self, message: dict) -> None:
-        body = json.dumps(message).encode("utf-8")
-        with self._lock:
-            self.proc.stdin.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
-            self.proc.stdin.flush()
-
-    def _read(self) -> None:
-        out = self.proc.stdout
-        while True:
-            length = None
-            while True:
-                line = out.readline()
-                if not line:
-                    for q in list(self._waiting.values()):
-                        q.put({"error": {"code": -32099, "message": "the server closed its output"}})
-                    return
-                line = line.strip()
-                if not line:
-                    break
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            if length is None:
-                continue
-            message = json.loads(out.read(length))
-            if "method" in message and "id" in message:  # a request from the server
-                self._send({"jsonrpc": "2.0", "id": message["id"], "result": None})
-            elif "method" in message:
-                if message["method"] == "window/logMessage":
-                    self.logs.append(str(message.get("params", {}).get("message", "")))
-                    del self.logs[:-200]
-            elif message.get("id") in self._waiting:
-                self._waiting.pop(message["id"]).put(message)
-
-    def request(self, method: str, params: Any, timeout: float = 120.0) -> Any:
-        with self._lock:
-            self._next += 1
-            rid = self._next
-        q: queue.Queue = queue.Queue()
-        self._waiting[rid] = q
-        self._send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
-        try:
-            message = q.get(timeout=timeout)
-        except queue.Empty:
-            self._waiting.pop(rid, None)
-            self.notify("$/cancelRequest", {"id": rid})
-            raise TimeoutError(f"{method}: no answer in {timeout:.0f} s") from None
-        if "error" in message:
-            raise LspError(f"{method}: {message['error'].get('message')} ({message['error'].get('code')})")
-        return message.get("result")
-
-    def notify(self, method: str, params: Any) -> None:
-        self._send({"jsonrpc": "2.0", "method": method, "params": params})
-
-    def close(self, timeout: float = 10.0) -> None:
-        try:
-            self.request("shutdown", None, timeout=timeout)
-            self.notify("exit", None)
-        except (LspError, TimeoutError, OSError):
-            pass
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+    return edited(doc, result["edits"], encoding)
 
 
 class Session:
-    """One configuration's server: initialized once, then each case opened, edited, asked and closed."""
+    """One configuration's server (lsp_client.py): initialized once, then each case opened, edited,
+    asked and closed."""
 
-    def __init__(self, command: list[str], options: dict, timeout: float):
-        self.client = StdioClient(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.timeout = timeout
-        capabilities = {
-            "general": {"positionEncodings": ["utf-16"]},
-            "textDocument": {"synchronization": {"dynamicRegistration": False}},
-        }
-        result = self.client.request(
-            "initialize",
-            {"processId": os.getpid(), "rootUri": None, "capabilities": capabilities, "initializationOptions": options},
-            timeout=timeout,
-        )
-        self.encoding = (result or {}).get("capabilities", {}).get("positionEncoding") or "utf-16"
-        self.client.notify("initialized", {})
+    def __init__(self, client: LspClient, timeout: float):
+        self.client, self.timeout = client, timeout
         self._n = 0
 
-    def ask(self, case: dict) -> tuple[str | None, float, str | None]:
+    @classmethod
+    async def start(cls, command: list[str], options: dict, timeout: float) -> Session:
+        client = await LspClient.start(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        capabilities = {"textDocument": {"synchronization": {"dynamicRegistration": False}}}
+        await client.initialize(capabilities, options, timeout=timeout)
+        return cls(client, timeout)
+
+    async def ask(self, case: dict) -> tuple[str | None, float, str | None]:
         """(the text after the suggestion or None, seconds to the answer, an error or None)."""
         self._n += 1
-        uri = f"file:///eval/{self._n}/{Path(case['path']).name}"
-        text, version = case["before"], 1
-        self.client.notify(
-            "textDocument/didOpen",
-            {"textDocument": {"uri": uri, "languageId": "python", "version": version, "text": text}},
-        )
+        client = self.client
+        doc = client.did_open(f"file:///eval/{self._n}/{Path(case['path']).name}", case["before"])
         for e in case["history"]:
-            version += 1
-            change = {
-                "range": {
-                    "start": to_position(text, e["start"], self.encoding),
-                    "end": to_position(text, e["end"], self.encoding),
-                },
-                "text": e["text"],
-            }
-            self.client.notify(
-                "textDocument/didChange", {"textDocument": {"uri": uri, "version": version}, "contentChanges": [change]}
-            )
-            text = apply(text, [e])
+            client.did_change(doc, e["start"], e["end"], e["text"])
+        params = {"textDocument": {"uri": doc.uri, "version": doc.version},
+                  "position": position(doc, case["cursor"], client.encoding)}  # fmt: skip
         started = time.perf_counter()
         error = None
         try:
-            result = self.client.request(
-                "llada/nextEdit",
-                {
-                    "textDocument": {"uri": uri, "version": version},
-                    "position": to_position(text, case["cursor"], self.encoding),
-                },
-                timeout=self.timeout,
-            )
-            predicted = apply_answer(text, result, version, self.encoding)
+            result = await client.request("llada/nextEdit", params, self.timeout)
+            predicted = apply_answer(doc, result, client.encoding)
         except (LspError, TimeoutError) as err:
             predicted, error = None, str(err)
         seconds = time.perf_counter() - started
-        self.client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
+        client.did_close(doc)
         return predicted, seconds, error
-
-    def close(self) -> None:
-        self.client.close()
 
 
 WARM_UP = {
@@ -260,17 +95,17 @@ WARM_UP = {
 }
 
 
-def run_configuration(
+async def run_configuration(
     command: list[str], options: dict, cases: list[dict], timeout: float, progress=None
 ) -> tuple[list[str | None], list[float], list[str]]:
     """Every case through one server: the suggested texts, the seconds each took, the errors met.
     A warm-up request first (its model load is not timed)."""
-    session = Session(command, options, timeout)
+    session = await Session.start(command, options, timeout)
     predicted, seconds, errors = [], [], []
     try:
-        session.ask(WARM_UP)
+        await session.ask(WARM_UP)
         for i, case in enumerate(cases):
-            text, s, error = session.ask(case)
+            text, s, error = await session.ask(case)
             predicted.append(text)
             seconds.append(s)
             if error:
@@ -278,7 +113,7 @@ def run_configuration(
             if progress:
                 progress(i + 1, len(cases))
     finally:
-        session.close()
+        await session.client.shutdown(10)
     return predicted, seconds, errors
 
 
@@ -291,22 +126,14 @@ def _fmt(x: float, pct: bool = True) -> str:
     return f"{x:.1%}" if pct else f"{x:.0f}"
 
 
-def table(rows: dict[str, dict]) -> list[str]:
-    lines = [
-        (
-            "| configuration | EM (all) | EM (edit cases) | delta-chrF | silent precision | silent recall | "
-            "suggestions | reversal rate | parse kept | p50 ms | p95 ms |"
-        ),
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+def table(rows: dict[str, dict]) -> Table:
+    out = Table(["configuration", "EM (all)", "EM (edit cases)", "delta-chrF", "silent precision", "silent recall",
+                 "suggestions", "reversal rate", "parse kept", "p50 ms", "p95 ms"])  # fmt: skip
     for name, r in rows.items():
-        lines.append(
-            f"| {name} | {_fmt(r['exact_all'])} | {_fmt(r['exact_edit'])} | {_fmt(r['delta_chrf'], False)} | "
-            f"{_fmt(r['silent_precision'])} | {_fmt(r['silent_recall'])} | {r['suggested']} | "
-            f"{_fmt(r['reversal_rate'])} | {_fmt(r['parse_kept'])} | {_fmt(r['p50_ms'], False)} | "
-            f"{_fmt(r['p95_ms'], False)} |"
-        )
-    return lines
+        out.add(name, _fmt(r["exact_all"]), _fmt(r["exact_edit"]), _fmt(r["delta_chrf"], False),
+                _fmt(r["silent_precision"]), _fmt(r["silent_recall"]), r["suggested"], _fmt(r["reversal_rate"]),
+                _fmt(r["parse_kept"]), _fmt(r["p50_ms"], False), _fmt(r["p95_ms"], False))  # fmt: skip
+    return out
 
 
 def eval_next_edit_main(argv: list[str] | None = None) -> int:
@@ -341,6 +168,7 @@ def eval_next_edit_main(argv: list[str] | None = None) -> int:
         help="configurations scored by an earlier run on the same cases (--save's file): shown and "
         "sign-tested beside this run's, not run again (repeatable)",
     )
+    add_markdown_argument(ap)
     args = ap.parse_args(argv)
     if not Path(args.cases).is_file():  # the held-out set is in the repository, not in the wheel
         ap.error(f"no case file at {args.cases} (run from a checkout of the repository, or pass --cases)")
@@ -395,7 +223,7 @@ def eval_next_edit_main(argv: list[str] | None = None) -> int:
                 if i % 25 == 0 or i == n:
                     print(f"[{key}: {i}/{n}, {time.time() - started:.0f}s]", file=sys.stderr, flush=True)
 
-            predicted, seconds, errors = run_configuration(command, options, cases, args.timeout, progress)
+            predicted, seconds, errors = asyncio.run(run_configuration(command, options, cases, args.timeout, progress))
         for error in errors[:5]:
             print(f"[{key}] {error}", file=sys.stderr)
         if len(errors) > 5:
@@ -409,19 +237,24 @@ def eval_next_edit_main(argv: list[str] | None = None) -> int:
     kinds: dict[str, int] = {}
     for c in cases:
         kinds[c["kind"]] = kinds.get(c["kind"], 0) + 1
-    print(
-        f"next edit on {len(cases)} held-out cases ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}) "
-        f"from {', '.join(sorted({c['repo'] for c in cases}))}"
-    )
-    print("\n".join(table(rows)))
+    caption = (f"Next edit on {len(cases)} held-out cases ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}) "
+               f"from {', '.join(sorted({c['repo'] for c in cases}))}.")  # fmt: skip
+    scored = table(rows)
     keys = list(scores)
+    pairs = []
     for i, a in enumerate(keys):
         for b in keys[i + 1 :]:
             only_a, only_b, p = paired_exact(scores[a], scores[b])
-            print(
-                f"{names[a]} vs {names[b]}: exact only in the first {only_a}, only in the second {only_b} "
-                f"(sign test p = {p:.3g})"
-            )
+            pairs.append(f"{names[a]} vs {names[b]}: exact only in the first {only_a}, only in the second {only_b} "
+                         f"(sign test p = {p:.3g})")  # fmt: skip
+    print(caption, scored.text(), *pairs, sep="\n")
+    if args.markdown:
+        report = Report("Next-edit suggestions")
+        report.table(scored, caption + " EM: exact match of the changed region; times from the request to the "
+                     "answer, on this machine.")  # fmt: skip
+        if pairs:
+            report.note("\n".join(f"- {line}" for line in pairs))
+        report.write(args.markdown)
     if args.json:
         print(json.dumps(rows))
     if args.save:
