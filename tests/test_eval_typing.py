@@ -1,6 +1,11 @@
-"""The simulated user of `llada-lab eval-typing` and its scores (pure: no server, no model)."""
+"""The simulated user of `llada-lab eval-typing` and its scores (pure: no server, no model), and one small
+replay through the real servers."""
 
 from __future__ import annotations
+
+import re
+
+import pytest
 
 from llada_lab.training.corpus import SourceFile
 from llada_lab.training.eval_typing import Replay, Span, User, make_spans, paired_saved, scores
@@ -62,3 +67,27 @@ def test_characters_saved_are_paired_by_keystroke():
     off.saved = {(0, 0): False, (0, 1): True, (0, 2): False}
     only_on, only_off, p = paired_saved(on, off)
     assert (only_on, only_off) == (1, 0) and p == 1.0
+
+
+@pytest.mark.slow
+def test_a_small_replay_through_the_real_servers_prints_and_publishes_its_table(monkeypatch, tmp_path, capsys):
+    """One span's first characters typed through both servers (revise on and off), the embedded model."""
+    from llada_lab.commands import eval_typing as command
+
+    def one_short_span(files, chars, seed):
+        span = make_spans(files, chars, seed)[0]
+        return [Span(span.path, span.before, span.text[:6], span.text[6:] + span.after)]
+
+    monkeypatch.setattr(command, "make_spans", one_short_span)
+    published = tmp_path / "typing.md"
+    argv = ["--chars", "1", "--threads", "1", "--corpus", str(tmp_path), "--markdown", str(published)]
+    assert command.eval_typing_main(argv) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^keystrokes \(typing through\) +\d+ \(\d+\) +\d+ \(\d+\)$", out, re.M)
+    assert "stdlib: typing through, forwards/request on/off = " in out
+    markdown = published.read_text()
+    assert markdown.startswith("## Suggestions revised while you type") and "Commit: `" in markdown
+    assert "|  | stdlib: revise on | stdlib: revise off |" in markdown and "| characters saved |" in markdown
+    keystrokes = re.search(r"^\| keystrokes \(typing through\) \| (\d+) \(\d+\) \| (\d+) \(\d+\) \|$", markdown, re.M)
+    assert keystrokes and 1 <= int(keystrokes[1]) <= 6 and 1 <= int(keystrokes[2]) <= 6  # Tab saves some
+    assert "- stdlib: typing through" in markdown

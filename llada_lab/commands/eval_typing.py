@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from llada_lsp.server.transport import FrameReader
+from llada_lsp.lsp_client import LspClient, Request, position
+from llada_lsp.report import Report, add_markdown_argument
+from llada_lsp.server.positions import UTF32
 
 from ..training.corpus import DEFAULT_CACHE, SPLIT_FILES, iter_files, load
 from ..training.eval_typing import Replay, User, make_spans, paired_saved, scores, table
@@ -30,39 +29,29 @@ from ..training.eval_typing import Replay, User, make_spans, paired_saved, score
 _STEPS = re.compile(r"^llada: (?:inline|completion) (\d+): (\d+) steps in")
 
 
-class StdioClient:
-    """A minimal LSP client of one server process: requests with futures, the drafts and step counts
-    the server sends per request id, and an answer to whatever it asks of the client."""
+class TypingServer:
+    """One configuration's server (lsp_client.py) and what it says per request besides the answer: when
+    its first non-empty draft arrived, and the forwards its log line counts."""
 
-    def __init__(self, process: asyncio.subprocess.Process):
-        self.process = process
-        self.ids = 0
-        self.pending: dict[int, asyncio.Future] = {}
+    def __init__(self, client: LspClient):
+        self.client = client
         self.first_shown: dict[int, float] = {}  # request id -> perf_counter of its first non-empty draft
         self.steps: dict[int, int] = {}
         self.step_waiters: dict[int, asyncio.Future] = {}
-        self.reader = asyncio.ensure_future(self._read())
+        client.on("llada/draft", self._on_draft)
+        client.on("window/logMessage", self._on_log)
 
-    @classmethod
-    async def start(cls, command: list[str]) -> StdioClient:
-        process = await asyncio.create_subprocess_exec(*command, stdin=asyncio.subprocess.PIPE,
-                                                       stdout=asyncio.subprocess.PIPE,
-                                                       stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
-        return cls(process)
+    def _on_draft(self, params: dict) -> None:
+        if params["text"] and isinstance(params["requestId"], int):
+            self.first_shown.setdefault(params["requestId"], time.perf_counter())
 
-    def _send(self, message: dict) -> None:
-        body = json.dumps({"jsonrpc": "2.0", **message}).encode()
-        self.process.stdin.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
-
-    def notify(self, method: str, params: Any) -> None:
-        self._send({"method": method, "params": params})
-
-    def request(self, method: str, params: Any) -> tuple[int, asyncio.Future]:
-        self.ids += 1
-        future = asyncio.get_running_loop().create_future()
-        self.pending[self.ids] = future
-        self._send({"id": self.ids, "method": method, "params": params})
-        return self.ids, future
+    def _on_log(self, params: dict) -> None:
+        if match := _STEPS.match(params["message"]):
+            request_id, steps = int(match[1]), int(match[2])
+            self.steps[request_id] = steps
+            waiter = self.step_waiters.pop(request_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(steps)
 
     async def steps_of(self, request_id: int, timeout: float = 5.0) -> int | None:
         """The forwards the server logged for a request (its log line follows the answer)."""
@@ -74,121 +63,71 @@ class StdioClient:
                 return None
         return self.steps.get(request_id)
 
-    async def _read(self) -> None:
-        frames = FrameReader(self.process.stdout)
-        while (frame := await frames.next()) is not None:
-            if frame.body is None:  # a server's frames are well formed; a broken one is no answer
-                continue
-            message = json.loads(frame.body)
-            now = time.perf_counter()
-            method = message.get("method")
-            if method is None:
-                future = self.pending.pop(message.get("id"), None)
-                if future is not None and not future.done():
-                    future.set_result((now, message))
-            elif "id" in message:  # the server asks (progress tokens): yes
-                self._send({"id": message["id"], "result": None})
-            elif method == "llada/draft":
-                params = message["params"]
-                if params["text"] and isinstance(params["requestId"], int):
-                    self.first_shown.setdefault(params["requestId"], now)
-            elif method == "window/logMessage" and (match := _STEPS.match(message["params"]["message"])):
-                request_id, steps = int(match[1]), int(match[2])
-                self.steps[request_id] = steps
-                waiter = self.step_waiters.pop(request_id, None)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(steps)
-
-    async def close(self) -> None:
-        _, answer = self.request("shutdown", None)
-        await asyncio.wait_for(answer, 30)
-        self.notify("exit", None)
-        await self.process.stdin.drain()
-        await asyncio.wait_for(self.process.wait(), 30)
-        self.reader.cancel()
-
-
-def position(text: str, offset: int) -> dict[str, int]:
-    """An LSP position in UTF-32 (code points: str indices), which the client negotiates."""
-    line = text.count("\n", 0, offset)
-    return {"line": line, "character": offset - (text.rfind("\n", 0, offset) + 1)}
-
 
 async def replay(commands: dict[str, list[str]], spans, seed: int, interval: float, label: str) -> dict[str, Replay]:
     """Every span typed through each configuration's server, span by span in turn (the first of them
     alternating), so a machine that speeds up or slows down during the run weighs on all alike; the
     servers stay up for the whole split, each with its own caches."""
-    clients = {name: await _open(command) for name, command in commands.items()}
+    servers = {name: await _open(command) for name, command in commands.items()}
     results = {name: Replay() for name in commands}
     started = time.perf_counter()
     for index, span in enumerate(spans):
         names = list(commands) if index % 2 == 0 else list(commands)[::-1]
         for name in names:
-            await _type(clients[name], index, span, seed, interval, results[name])
+            await _type(servers[name], index, span, seed, interval, results[name])
         if (index + 1) % 20 == 0:
             counts = ", ".join(f"{name} {len(r.keystrokes)}" for name, r in results.items())
             print(f"[{label}: {index + 1}/{len(spans)} spans, keystrokes {counts}, "
                   f"{time.perf_counter() - started:.0f}s]", file=sys.stderr, flush=True)  # fmt: skip
-    for client in clients.values():
-        await client.close()
+    for server in servers.values():
+        await server.client.shutdown(30)
     return results
 
 
-async def _open(command: list[str]) -> StdioClient:
-    client = await StdioClient.start(command)
-    capabilities = {"general": {"positionEncodings": ["utf-32"]}, "experimental": {"lladaDrafts": True}}
-    _, init = client.request("initialize", {"processId": os.getpid(), "rootUri": None, "capabilities": capabilities})
-    await asyncio.wait_for(init, 120)
-    client.notify("initialized", {})
+async def _open(command: list[str]) -> TypingServer:
+    client = await LspClient.start(command, stderr="discard")
+    # UTF-32: positions are str indices, with no conversion in the timed loop.
+    await client.initialize({"experimental": {"lladaDrafts": True}}, encodings=[UTF32], timeout=120)
+    server = TypingServer(client)
     await _warm_up(client)
-    return client
+    return server
 
 
-async def _type(client: StdioClient, index: int, span, seed: int, interval: float, result: Replay) -> None:
+async def _type(server: TypingServer, index: int, span, seed: int, interval: float, result: Replay) -> None:
     """One span typed by the simulated user, keystroke by keystroke, into `result`."""
-    uri, version = f"file:///eval-typing/{index}/{Path(span.path).name}", 1
-    text, cursor = span.before + span.after, len(span.before)
-    client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1,
-                                                            "text": text}})  # fmt: skip
+    client = server.client
+    doc = client.did_open(f"file:///eval-typing/{index}/{Path(span.path).name}", span.before + span.after)
+    cursor = len(span.before)
     user = User(result, seed, index, span)
-    last: asyncio.Future | None = None
-    last_id = 0
+    last: Request | None = None
     while not user.done:
         inserted, keystroke = user.act()
-        at = position(text, cursor)
-        version += 1
-        client.notify("textDocument/didChange", {
-            "textDocument": {"uri": uri, "version": version},
-            "contentChanges": [{"range": {"start": at, "end": at}, "text": inserted}]})  # fmt: skip
-        text, cursor = text[:cursor] + inserted + text[cursor:], cursor + len(inserted)
-        if last is not None and not last.done():  # as an editor: the previous request is superseded
-            client.notify("$/cancelRequest", {"id": last_id})
-        sent = time.perf_counter()
-        last_id, last = client.request("textDocument/inlineCompletion", {
-            "textDocument": {"uri": uri}, "position": position(text, cursor),
+        client.did_change(doc, cursor, cursor, inserted)
+        cursor += len(inserted)
+        if last is not None:  # as an editor: the previous request is superseded
+            client.cancel(last)
+        last = client.send("textDocument/inlineCompletion", {
+            "textDocument": {"uri": doc.uri}, "position": position(doc, cursor, client.encoding),
             "context": {"triggerKind": 2}})  # fmt: skip
-        arrived, message = await asyncio.wait_for(last, 120)
+        message = await asyncio.wait_for(asyncio.shield(last.answer), 120)
         items = (message.get("result") or {}).get("items") or []
         keystroke.answer = items[0]["insertText"] if items else ""
-        keystroke.final = arrived - sent
-        if keystroke.answer and last_id in client.first_shown:
-            keystroke.first_shown = min(client.first_shown.pop(last_id), arrived) - sent
+        keystroke.final = last.arrived - last.sent
+        if keystroke.answer and last.id in server.first_shown:
+            keystroke.first_shown = min(server.first_shown.pop(last.id), last.arrived) - last.sent
         elif keystroke.answer:
             keystroke.first_shown = keystroke.final
-        keystroke.steps = await client.steps_of(last_id)
+        keystroke.steps = await server.steps_of(last.id)
         user.see(keystroke, interval)
-    client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
+    client.did_close(doc)
 
 
-async def _warm_up(client: StdioClient) -> None:
+async def _warm_up(client: LspClient) -> None:
     """One request, answered once the model has loaded (the load is not a keystroke's cost)."""
-    uri = "file:///eval-typing/warm-up.py"
-    client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1,
-                                                            "text": "def f(x):\n    return \n"}})  # fmt: skip
-    _, answer = client.request("textDocument/inlineCompletion", {
-        "textDocument": {"uri": uri}, "position": {"line": 1, "character": 11}, "context": {"triggerKind": 2}})  # fmt: skip
-    await asyncio.wait_for(answer, 300)
-    client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
+    doc = client.did_open("file:///eval-typing/warm-up.py", "def f(x):\n    return \n")
+    params = {"textDocument": {"uri": doc.uri}, "position": {"line": 1, "character": 11}, "context": {"triggerKind": 2}}
+    await asyncio.wait_for(asyncio.shield(client.send("textDocument/inlineCompletion", params).answer), 300)
+    client.did_close(doc)
 
 
 def eval_typing_main(argv: list[str] | None = None) -> int:
@@ -206,6 +145,7 @@ def eval_typing_main(argv: list[str] | None = None) -> int:
         default=DEFAULT_CACHE,
         help="the corpus folder whose held-out third-party split is typed too (default: .corpus)",
     )
+    add_markdown_argument(ap)
     args = ap.parse_args(argv)
     splits = {"stdlib": iter_files("heldout")}
     third = args.corpus / SPLIT_FILES["heldout-thirdparty"]
@@ -222,9 +162,14 @@ def eval_typing_main(argv: list[str] | None = None) -> int:
         spans = make_spans(files, args.chars, args.seed)
         runs = asyncio.run(replay({"on": base, "off": base + ["--no-revise"]}, spans, args.seed, interval, name))
         results[name] = (scores(runs["on"]), scores(runs["off"]), paired_saved(runs["on"], runs["off"]))
-    print(
-        f"eval-typing: model {args.model or 'embedded'}, {args.mode} mode, seed {args.seed}, "
-        f"{args.interval_ms:.0f} ms per keystroke, {args.chars} characters per split, server threads {args.threads}"
-    )
-    print(table(results))
+    caption = (f"eval-typing: model {args.model or 'embedded'}, {args.mode} mode, seed {args.seed}, "
+               f"{args.interval_ms:.0f} ms per keystroke, {args.chars} characters per split, server threads "
+               f"{args.threads}")  # fmt: skip
+    scored, notes = table(results)
+    print(caption, scored.text(), "", *notes, sep="\n")
+    if args.markdown:
+        report = Report("Suggestions revised while you type")
+        report.table(scored, caption + ". Times from the keystroke's request, on this machine.")
+        report.note("\n".join(f"- {line}" for line in notes))
+        report.write(args.markdown)
     return 0

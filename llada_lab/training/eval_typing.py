@@ -14,6 +14,8 @@ import random
 import statistics
 from dataclasses import dataclass, field
 
+from llada_lsp.report import Table
+
 from .corpus import SourceFile
 from .eval_infill import sign_test
 
@@ -169,8 +171,9 @@ def _pair(value, fmt: str) -> str:
     return "-" if value is None else " / ".join(format(v, fmt) for v in value)
 
 
-def table(splits: dict[str, tuple[dict, dict, tuple[int, int, float]]]) -> str:
-    """Markdown: per split, revise on and off side by side; then the bars' ratios and sign tests."""
+def table(splits: dict[str, tuple[dict, dict, tuple[int, int, float]]]) -> tuple[Table, list[str]]:
+    """Per split, revise on and off side by side; and a line per split with the bars' ratios and the
+    sign test."""
     rows = [
         ("keystrokes (typing through)", lambda s: f"{s['keystrokes']} ({s['typing_through']})"),
         ("characters saved", lambda s: f"{s['chars_saved']:.1%}"),
@@ -184,18 +187,17 @@ def table(splits: dict[str, tuple[dict, dict, tuple[int, int, float]]]) -> str:
         ("final ms, typing through (p50 / p95)", lambda s: _pair(s["through_final"], ".0f")),
         ("final ms, rest (p50 / p95)", lambda s: _pair(s["rest_final"], ".0f")),
     ]
-    head = "| |" + "".join(f" {name}: revise on | {name}: revise off |" for name in splits)
-    lines = [head, "|---|" + "---|---|" * len(splits)]
+    out = Table([""] + [f"{name}: revise {side}" for name in splits for side in ("on", "off")])
     for label, cell in rows:
-        lines.append(f"| {label} |" + "".join(f" {cell(on)} | {cell(off)} |" for on, off, _ in splits.values()))
-    lines.append("")
+        out.add(label, *(cell(run) for on, off, _ in splits.values() for run in (on, off)))
+    notes = []
     for name, (on, off, (only_on, only_off, p)) in splits.items():
         fwd = _ratio(on["through_forwards"], off["through_forwards"], 0)
         p50 = _ratio(on["through_final"], off["through_final"], 0)
-        lines.append(f"{name}: typing through, forwards/request on/off = {fwd}, p50 final on/off = {p50}; "
+        notes.append(f"{name}: typing through, forwards/request on/off = {fwd}, p50 final on/off = {p50}; "
                      f"characters saved {on['chars_saved']:.1%} vs {off['chars_saved']:.1%}, paired by keystroke: "
                      f"saved only with revise on {only_on}, only off {only_off} (sign test p = {p:.3g})")  # fmt: skip
-    return "\n".join(lines)
+    return out, notes
 
 
 def _ratio(a, b, i: int) -> str:
