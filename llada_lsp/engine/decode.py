@@ -14,7 +14,7 @@ import torch
 
 from ..model import LLaDA2
 from .cache import BlockCache
-from .policy import PRESETS, JointThreshold
+from .policy import INDEL_PRESETS, PRESETS, JointThreshold, JointThresholdInDel
 from .scheduler import Scheduler
 from .sequence import BlockStats, CancelFlag, Draft, GenerationResult, Settings
 
@@ -75,7 +75,7 @@ class Engine:
         self,
         prompt_ids: list[int],
         gen_length: int = 64,
-        policy: JointThreshold | str = "speed",
+        policy: JointThreshold | JointThresholdInDel | str = "speed",
         max_post_steps: int = 16,
         eos_early_stop: bool = False,
         mask_id: int | None = None,
@@ -95,10 +95,21 @@ class Engine:
         eos_id = config.eos_token_id if eos_id is None else eos_id
         if mask_id is None:
             raise ValueError("no mask id: pass mask_id, or give the checkpoint a <|mask|> token or mask_token_id")
+        edit_ids = config.edit_ids
         if isinstance(policy, str):
             if policy not in PRESETS:
                 raise ValueError(f"unknown mode {policy!r}; choose one of {', '.join(PRESETS)}")
-            policy = PRESETS[policy]
+            policy = (PRESETS if edit_ids is None else INDEL_PRESETS)[policy]
+        if edit_ids is not None and not isinstance(policy, JointThresholdInDel):
+            # LLaDA2.2: the same thresholds under the Levenshtein rule (docs/llada22.md)
+            policy = JointThresholdInDel(policy.threshold, policy.editing_threshold)
+        elif edit_ids is None and isinstance(policy, JointThresholdInDel):
+            raise ValueError("JointThresholdInDel needs a checkpoint with edit tokens (LLaDA2.2)")
+        if edit_ids is not None and (isinstance(max_post_steps, bool) or not isinstance(max_post_steps, int)
+                                     or max_post_steps < 0):  # fmt: skip
+            raise ValueError(
+                f"max_post_steps (the post-edit budget) must be a non-negative integer, got {max_post_steps!r}"
+            )
         if gen_length < 1:
             raise ValueError(f"gen_length must be at least 1, got {gen_length}")
         total = len(prompt_ids) + gen_length
@@ -113,6 +124,8 @@ class Engine:
         bad = [t for t in prompt_ids + init_ids if not 0 <= t < config.vocab_size]
         if bad:
             raise ValueError(f"prompt id {bad[0]} is outside the vocabulary (size {config.vocab_size})")
+        if edit_ids is not None and any(t in edit_ids for t in init_ids):
+            raise ValueError("init_ids hold an edit id (DELETE or INSERT): a draft is text, never an edit")
         allowed = None
         if first_allowed is not None:
             if not first_allowed or not all(0 <= t < config.vocab_size for t in first_allowed):
@@ -120,7 +133,7 @@ class Engine:
             allowed = torch.zeros(config.vocab_size, dtype=torch.bool, device=self.model.device)
             allowed[torch.tensor(first_allowed, device=self.model.device)] = True
         return Settings(list(prompt_ids), gen_length, policy, max_post_steps, eos_early_stop, mask_id, eos_id, cancel,
-                        init_ids, allowed, priority)  # fmt: skip
+                        init_ids, allowed, priority, edit_ids)  # fmt: skip
 
     def _run(self, gen: Generation) -> Iterator[Draft]:
         scheduler = self.scheduler

@@ -6,7 +6,7 @@ sequences, the cache and the model live in sequence.py, cache.py and scheduler.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -101,3 +101,143 @@ PRESETS: dict[str, JointThreshold] = {
 }
 # The no-editing baseline of the evaluation: confident fills only, never revise (conf > inf is never true).
 PRESETS["no-edit"] = JointThreshold(threshold=0.95, editing_threshold=float("inf"))
+
+
+# --- LLaDA2.2: Levenshtein editing (DELETE / INSERT) -------------------------------------------------
+# SGLang's JointThresholdInDel, deterministic, is the rule followed here (docs/llada22.md). The decoder
+# shipped with the checkpoint differs, per a public port of it: its post-edit budget resets while an
+# original mask reappears, its M2T floor is a per-step schedule (the block's masks spread over `steps`)
+# plus the introduced masks, it does not keep MASK out of an original mask, and its anti-loop picks a
+# random changed position. SGLang is the engine LLaDA2.2 is served with (its report's figures), its
+# rule has no schedule to choose, and a deterministic rule keeps golden traces exact.
+
+INDEL_CANDIDATES = 16  # ranked ids per position a step brings to the host (the rule's fallbacks pick among them)
+
+
+def indel_candidates(logits: torch.Tensor, k: int = INDEL_CANDIDATES) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [..., V] -> (ids, probabilities) [..., k]: each position's k most likely ids, best first,
+    with their softmax probability over the whole vocabulary (MASK and the edit ids included, nothing
+    suppressed: the InDel rule decides where MASK may not be written). A NaN or +inf logit gives NaN."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    total = logits.logsumexp(-1, keepdim=True)  # [..., 1]
+    top, ids = logits.topk(min(k, logits.shape[-1]), dim=-1)
+    probs = (top - total).exp().masked_fill(total == float("inf"), float("nan"))
+    return ids, probs
+
+
+@dataclass(frozen=True)
+class JointThresholdInDel:
+    """LLaDA2.2's rule: JointThreshold's fill and edit thresholds, plus DELETE (the position goes) and
+    INSERT (the position becomes [MASK, its token]); the block keeps its length (its generated part is
+    truncated or padded with MASK). `max_post_steps` of the settings is its post-edit budget."""
+
+    threshold: float = 0.5
+    editing_threshold: float = 0.0
+
+
+INDEL_PRESETS: dict[str, JointThresholdInDel] = {
+    name: JointThresholdInDel(p.threshold, p.editing_threshold) for name, p in PRESETS.items()
+}
+
+
+@dataclass
+class InDelBlock:
+    """One block's state under JointThresholdInDel, kept by its Sequence between steps. `is_orig`
+    follows each token through deletes and inserts: a mask present when the block started is
+    original, one made by INSERT or padding is introduced."""
+
+    prompt_len: int  # the block's leading prompt positions, never changed
+    is_orig: list[bool]
+    post_edit_steps: int = 0  # steps that began with no original mask left; cumulative, never reset
+    update_steps: int = 0
+    seen: set[tuple[int, ...]] = field(default_factory=set)  # input blocks of earlier steps (anti-loop)
+    tried: dict[int, set[int]] = field(default_factory=dict)  # per position, every id written there
+
+    @classmethod
+    def start(cls, block: list[int], prompt_len: int, mask_id: int) -> InDelBlock:
+        return cls(prompt_len, [i >= prompt_len and t == mask_id for i, t in enumerate(block)])
+
+
+@dataclass(frozen=True)
+class InDelOutcome:
+    tokens: list[int]  # the block after the step (edits applied, length kept)
+    filled: list[int]  # positions of the new block written over a mask
+    edited: list[int]  # positions of the new block overwritten (a token for another)
+    confidence: list[float]  # per position of the new block: its id's probability (0.0: a new mask)
+    done: bool  # the block is final: nothing to write, or the cleanup step ran
+    cleanup: bool  # this step was the final cleanup
+    changed: bool  # the step changed the block's ids (a final block that changed needs one more forward)
+
+
+def indel_step(rule: JointThresholdInDel, state: InDelBlock, block: list[int], ids: list[list[int]],
+               probs: list[list[float]], mask_id: int, delete_id: int, split_id: int, budget: int) -> InDelOutcome:  # fmt: skip
+    """One step of JointThresholdInDel on one block, on the host: `block` its ids, `ids`/`probs` each
+    position's ranked candidates (indel_candidates), `budget` the post-edit budget. Updates `state`."""
+    bs, first = len(block), state.prompt_len
+    x, p = [row[0] for row in ids], [row[0] for row in probs]
+
+    def best(i: int, exclude: set[int]) -> tuple[int, float] | None:
+        """Position i's most likely id outside `exclude`, from its candidates (None: all excluded)."""
+        return next(((t, q) for t, q in zip(ids[i], probs[i]) if t not in exclude), None)
+
+    masked = [i >= first and t == mask_id for i, t in enumerate(block)]
+    orig = [m and o for m, o in zip(masked, state.is_orig)]
+    n_mask, n_orig = sum(masked), sum(orig)
+    state.update_steps += 1
+    if n_orig == 0:
+        state.post_edit_steps += 1
+    cleanup = (budget > 0 and state.post_edit_steps >= budget) or (budget == 0 and n_orig == 0)
+    cleanup = cleanup or state.update_steps > bs + budget
+    if not cleanup:  # an original mask must resolve: MASK is no answer there
+        for i in range(bs):
+            if orig[i] and x[i] == mask_id and (pick := best(i, {mask_id})):
+                x[i], p[i] = pick
+    fill: set[int] = set()
+    if n_mask and (cleanup or n_orig == 0):
+        fill = {i for i in range(bs) if masked[i]}
+    elif n_mask:
+        # at least one more than the introduced masks, so an original mask is among them
+        need = 1 + n_mask - n_orig
+        sure = {i for i in range(bs) if masked[i] and p[i] > rule.threshold}
+        ranked = sorted((i for i in range(bs) if masked[i]), key=lambda i: -p[i])  # stable: ties to the lower position
+        fill = sure if len(sure) >= need else set(ranked[: min(need, n_mask)])
+    if budget == 0 and n_orig and all(i in fill for i in range(bs) if orig[i]):
+        cleanup, fill = True, {i for i in range(bs) if masked[i]}  # no post-edit steps: this step cleans up
+    edit = {i for i in range(first, bs) if not masked[i] and x[i] != block[i] and p[i] > rule.editing_threshold}
+    writes = sorted(fill | edit)
+    if not writes:
+        return InDelOutcome(list(block), [], [], p, True, False, False)
+    if cleanup:  # the final block holds no mask and no edit id
+        for i in writes:
+            if x[i] in (mask_id, delete_id, split_id) and (pick := best(i, {mask_id, delete_id, split_id})):
+                x[i] = pick[0]
+    key = tuple(block)
+    if key in state.seen and not cleanup:  # a block seen before: the least sure change tries another id
+        changing = [i for i in writes if x[i] != block[i]]
+        if changing:
+            c = min(changing, key=lambda i: p[i])
+            pick = best(c, state.tried.get(c, set()) | ({mask_id} if orig[c] else set()))
+            if pick:
+                x[c] = pick[0]
+    state.seen.add(key)
+    new = list(block)
+    for i in writes:
+        state.tried.setdefault(i, set()).add(x[i])
+        new[i] = x[i]
+    conf = {i: next((q for t, q in zip(ids[i], probs[i]) if t == x[i]), p[i]) for i in writes}
+    kind = {i: "filled" if masked[i] else "edited" for i in writes if new[i] != block[i]}
+    # rebuild the generated part: DELETE drops a position, INSERT makes it [MASK, its old token]
+    rows = [(block[i], state.is_orig[i], None, 0.0) for i in range(first)]
+    for i in range(first, bs):
+        if new[i] == delete_id:
+            continue
+        if new[i] == split_id:
+            rows += [(mask_id, False, None, 0.0), (block[i], state.is_orig[i], None, 0.0)]
+        else:
+            rows.append((new[i], state.is_orig[i], kind.get(i), conf.get(i, p[i])))
+    rows = rows[:bs] + [(mask_id, False, None, 0.0)] * (bs - len(rows))
+    state.is_orig = [o for _, o, _, _ in rows]
+    tokens = [t for t, _, _, _ in rows]
+    return InDelOutcome(tokens, [i for i, r in enumerate(rows) if r[2] == "filled"],
+                        [i for i, r in enumerate(rows) if r[2] == "edited"], [r[3] for r in rows],
+                        cleanup, cleanup, tokens != block)  # fmt: skip

@@ -29,7 +29,7 @@ from .cache import (
     paged_tables,
     row_descriptor,
 )
-from .policy import joint_threshold
+from .policy import INDEL_CANDIDATES, indel_candidates, joint_threshold
 from .sequence import Draft, GenerationResult, Sequence, Settings
 
 
@@ -88,6 +88,9 @@ class Scheduler:
         self.graphs: dict[tuple, tuple] = {}
         self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graph else None
         self.inputs = StepInputs(model.device, model.config.vocab_size)
+        # LLaDA2.2 (edit ids): JointThresholdInDel's rows, decided on the host from K ranked ids per position
+        self.indel = model.config.edit_ids is not None
+        self.indel_k = min(INDEL_CANDIDATES, model.config.vocab_size)
         # Prompt tokens prefilled per step (whole blocks, at least one), in forwards of at most that many
         # tokens: memory per forward is bounded whatever the prompt's length, and a long prompt is
         # prefilled across steps while the running sequences keep denoising.
@@ -105,6 +108,9 @@ class Scheduler:
         if len(self.waiting) >= self.max_queue:
             raise Busy(f"the engine is busy: {len(self.waiting)} requests are already waiting")
         seq = Sequence(settings, self.block_size, self.use_cache)
+        if seq.indel != self.indel:  # Engine.settings makes them agree; a hand-made Settings may not
+            raise ValueError(f"a {type(settings.policy).__name__} sequence for a model whose rule is "
+                             f"{self.model.config.family.decoding_rule}")  # fmt: skip
         if seq.n_blocks > self.cache.pages - 1:
             raise TooLong(
                 f"a sequence of {seq.n_blocks} blocks of {self.block_size} tokens does not fit the K/V "
@@ -264,6 +270,8 @@ class Scheduler:
                 varlen = Packed.of([(e.pages, a, b) for e, (a, b) in zip(rows, spans)], width, bs, self.model.device)
             packed = self._device_step(ints, limits, allowed, width, S, visible, D, varlen)
         host = packed.tolist()  # the one host read of the step (it waits for the forward)
+        if self.indel:
+            return self._apply_indel(rows, spans, host, D, events)
         for entry, (start, _), skip, row in zip(rows, spans, outside, host):
             if not row[4 * D]:
                 entry.seq.fail(BadLogits(f"the model produced NaN or infinite logits at step {entry.seq.result.steps + 1} "
@@ -272,6 +280,24 @@ class Scheduler:
             confidence = [c / CONFIDENCE_SCALE for c in row[3 * D + skip : 4 * D]]
             draft = entry.seq.apply(start, row[skip:D], row[D + skip : 2 * D], row[2 * D + skip : 3 * D], confidence)
             events.append(Event(entry.id, draft=draft))
+        self._count(rows)
+
+    def _apply_indel(self, rows: list[_Entry], spans, host: list[list[int]], D: int, events: list[Event]) -> None:
+        """LLaDA2.2's rows: each position's ranked candidates (ids, then probabilities as float64 bits),
+        and the rule applied on the host, row by row (Sequence.apply_indel)."""
+        K = self.indel_k
+        for entry, (start, _), row in zip(rows, spans, host):
+            if not row[2 * K * D]:
+                entry.seq.fail(BadLogits(f"the model produced NaN or infinite logits at step {entry.seq.result.steps + 1} "
+                                         f"(block {entry.seq.b}): its weights or its precision are broken"))  # fmt: skip
+                continue
+            probs = torch.tensor(row[K * D : 2 * K * D], dtype=torch.int64).view(torch.float64).tolist()
+            ids = [row[i * K : (i + 1) * K] for i in range(D)]
+            draft = entry.seq.apply_indel(start, ids, [probs[i * K : (i + 1) * K] for i in range(D)])
+            events.append(Event(entry.id, draft=draft))
+        self._count(rows)
+
+    def _count(self, rows: list[_Entry]) -> None:
         self.stats.steps += 1
         self.stats.rows += len(rows)
         self.stats.batch_max = max(self.stats.batch_max, len(rows))
@@ -292,6 +318,11 @@ class Scheduler:
         logits = self.model(ids, kv=view, last_n=D)  # [B, D, V]
         if allowed is not None:
             constrain_first(logits, allowed, at)
+        if self.indel:  # LLaDA2.2: the rule runs on the host over each position's ranked candidates
+            cand_ids, cand_p = indel_candidates(logits, self.indel_k)  # [B, D, K] each
+            finite = cand_p[..., 0].isfinite().all(1, keepdim=True).long()
+            bits = cand_p.double().contiguous().view(torch.int64)  # exact probabilities through the one host read
+            return torch.cat([cand_ids.flatten(1), bits.flatten(1), finite], dim=1)
         slot = torch.arange(D, device=ints.device)[None, :] - outside[:, None]  # [B, D]: < 0 outside the row's
         frozen = (slot < 0) | (slot < frozen_n[:, None])  # and its prompt positions
         tokens = ids[:, -D:]

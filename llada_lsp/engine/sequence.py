@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from .policy import JointThreshold
+from .policy import InDelBlock, JointThreshold, JointThresholdInDel, indel_step
 
 DRAFT_LOOKAHEAD = 4  # blocks one forward may decide while it checks a draft (Sequence.ahead)
 
@@ -44,7 +44,7 @@ class BlockStats:
     block: int
     forwards: int
     mask_free_forwards: int
-    end: str  # "converged" | "post_step_budget" | "cancelled"
+    end: str  # "converged" | "post_step_budget" | "cancelled"; LLaDA2.2: "converged" | "cleanup" | "cancelled"
     last_forward_changed_tokens: bool
 
 
@@ -74,7 +74,7 @@ class Settings:
 
     prompt: list[int]
     gen_length: int
-    policy: JointThreshold
+    policy: JointThreshold | JointThresholdInDel
     max_post_steps: int
     eos_early_stop: bool
     mask_id: int
@@ -83,6 +83,7 @@ class Settings:
     init_ids: list[int] = field(default_factory=list)
     first_allowed: torch.Tensor | None = None  # [V] bool: the only ids the first generated position may hold
     priority: int = 0  # lower runs first when rows are short (inline completions 0, rewrites 1)
+    edit_ids: tuple[int, int] | None = None  # LLaDA2.2's (DELETE, INSERT): with a JointThresholdInDel policy
 
 
 class Sequence:
@@ -103,6 +104,9 @@ class Sequence:
         self.started = time.perf_counter()
         self.valid = 0  # K/V of positions [0, valid) in the sequence's pages match the canvas
         self.finished = False
+        # LLaDA2.2's Levenshtein rule: its own block loop (apply_indel), the block's state in self.indel_block
+        self.indel = isinstance(s.policy, JointThresholdInDel)
+        self.indel_block: InDelBlock | None = None
         self.aborted = False  # Scheduler.abort
         self.error: Exception | None = None  # why it ended without a result (fail)
         self._enter(self.first)
@@ -114,6 +118,9 @@ class Sequence:
         self.forwards = self.post = 0
         self.changed = False
         self.end = "converged"
+        if self.indel:
+            prompt_len = min(max(self.P - self.lo, 0), self.bs)
+            self.indel_block = InDelBlock.start(self.host[self.lo : self.hi], prompt_len, self.settings.mask_id)
 
     def ready(self) -> bool:
         """Before a forward: True if this sequence needs one; otherwise it has just finished."""
@@ -122,7 +129,7 @@ class Sequence:
                 self.result.cancelled, self.end = True, "cancelled"
                 self._close_block()
                 continue
-            if self.n_masked == 0:
+            if self.n_masked == 0 and not self.indel:  # the InDel rule counts its own post-edit steps
                 self.post += 1
                 if self.post > self.settings.max_post_steps:
                     self.end = "post_step_budget"
@@ -149,7 +156,7 @@ class Sequence:
         forward, not one per block; the step is used only if the blocks before it close (apply).
         Cold starts always decide 1 block: the reference's loop, forward for forward."""
         s, bs = self.settings, self.bs
-        if not s.init_ids or s.max_post_steps < 1 or self.n_masked:
+        if not s.init_ids or s.max_post_steps < 1 or self.n_masked or self.indel:
             return 1
         n, end = 1, self.P + s.gen_length
         while n < DRAFT_LOOKAHEAD and self.b + n < self.n_blocks:
@@ -200,10 +207,47 @@ class Sequence:
             self._close_block()
         return draft
 
+    def apply_indel(self, start: int, ids: list[list[int]], probs: list[list[float]]) -> Draft:
+        """The forward over [start, end) ran; the active block's ranked candidates per position
+        (policy.indel_candidates). One step of JointThresholdInDel: the block's content shifts, its
+        length stays. The block closes when the rule says it is final; if that step changed its ids, its
+        K/V are not those of the final tokens, so the next forward runs it again (`valid` stays at its
+        start): the one more forward the cleanup costs, fused with the next block's first step."""
+        if self.use_cache and start < self.lo:
+            self.result.refreshed_blocks += 1
+        self.result.steps += 1
+        self.valid = self.lo if self.use_cache else 0
+        s, lo, hi = self.settings, self.lo, self.hi
+        out = indel_step(s.policy, self.indel_block, self.host[lo:hi], ids, probs, s.mask_id, *s.edit_ids,
+                         s.max_post_steps)  # fmt: skip
+        self.host[lo:hi] = out.tokens
+        self.forwards += 1
+        self.changed = out.changed
+        P, end = self.P, min(hi, self.P + s.gen_length)
+        for i in range(max(lo, P), end):
+            self.confidence[i - P] = out.confidence[i - lo]
+        generated, confidence = self.shown(self.host[P:end], self.confidence[: max(end - P, 0)])
+        draft = Draft(self.result.steps, self.b, list(out.tokens), out.filled, out.edited, generated, confidence)
+        self.n_masked = out.tokens.count(s.mask_id)
+        if out.done:
+            self.post = self.indel_block.post_edit_steps
+            self.end = "cleanup" if out.cleanup else "converged"
+            self._close_block()
+        return draft
+
+    def shown(self, ids: list[int], confidence: list[float]) -> tuple[list[int], list[float]]:
+        """Generated ids as they leave the engine: never an edit id (the rule removes them from the
+        canvas within the step that writes them; this holds the line for anything else)."""
+        edit = self.settings.edit_ids
+        if not edit or not any(t in edit for t in ids):
+            return ids, confidence
+        kept = [(t, c) for t, c in zip(ids, confidence) if t not in edit]
+        return [t for t, _ in kept], [c for _, c in kept]
+
     def _close_block(self) -> None:
         r = self.result
-        r.blocks.append(BlockStats(self.b, self.forwards, max(self.post - (self.end == "post_step_budget"), 0),
-                                   self.end, self.changed))  # fmt: skip
+        post = self.post if self.indel else max(self.post - (self.end == "post_step_budget"), 0)
+        r.blocks.append(BlockStats(self.b, self.forwards, post, self.end, self.changed))
         if r.cancelled:
             return self._finish()
         if self.use_cache and not self.changed:
@@ -223,7 +267,7 @@ class Sequence:
 
     def _finish(self) -> None:
         s = self.settings
-        out = self.host[self.P : self.P + s.gen_length]
+        out = [t for t in self.host[self.P : self.P + s.gen_length] if t not in (s.edit_ids or ())]  # as shown()
         if s.eos_id is not None and s.eos_id in out:
             out = out[: out.index(s.eos_id) + 1]
         self.result.tokens = out

@@ -32,7 +32,8 @@ CONFIG = {
     "mask_token_id": 511, "eos_token_id": 508, "pad_token_id": 508,
     "block_size": 32, "expert_capacity": 8, "delete_token_id": 509, "split_token_id": 510,
 }  # fmt: skip
-EDIT_ROW_SCALE = 1.6  # the edit ids' lm_head rows: often enough a step's argmax, seldom a block's majority
+# the edit ids' lm_head rows, scaled: often enough a step's argmax, seldom a block's majority
+EDIT_ROW_SCALE = {"delete_token_id": 0.8, "split_token_id": 1.4}
 
 # (prompt, gen_length, preset, max_post_steps): the traced generations
 TRACES = [
@@ -63,8 +64,8 @@ def build() -> LLaDA2:
         head = 5 / config.hidden_size**0.5 * torch.randn_like(model.lm_head.weight)
         head += 2 * emb / emb.norm(dim=-1, keepdim=True)
         head[config.mask_token_id] *= 0.1
-        for edit in (config.delete_token_id, config.split_token_id):
-            head[edit] *= EDIT_ROW_SCALE
+        for key, scale in EDIT_ROW_SCALE.items():
+            head[CONFIG[key]] *= scale
         model.lm_head.weight.copy_(head)
     return model
 
