@@ -4,6 +4,8 @@ local M = {}
 
 ---@class llada.Keymaps
 ---@field accept string|false Insert-mode key that accepts the ghost text.
+---@field accept_word string|false Insert-mode key that accepts the next word of the ghost text.
+---@field accept_line string|false Insert-mode key that accepts the next line of the ghost text.
 ---@field rewrite string|false Visual-mode key that rewrites the selection.
 
 ---@class llada.Config
@@ -34,7 +36,9 @@ M.defaults = {
   revise = true,
   filetypes = nil,
   root_markers = { '.git' },
-  keymaps = { accept = '<Tab>', rewrite = '<leader>lr' },
+  -- <M-Right> and <M-C-Right>: Neovim gives them no insert-mode meaning (its word motion is <C-Right>
+  -- and <S-Right>), and copilot.vim accepts a word and a line with them, so hands may know them already.
+  keymaps = { accept = '<Tab>', accept_word = '<M-Right>', accept_line = '<M-C-Right>', rewrite = '<leader>lr' },
   debounce_ms = 150,
   force_fallback = false,
   review = true,
@@ -80,7 +84,9 @@ function M.resolve(opts)
   vim.validate('filetypes', cfg.filetypes, 'table', true)
   vim.validate('root_markers', cfg.root_markers, 'table')
   vim.validate('keymaps', cfg.keymaps, 'table')
-  vim.validate('keymaps.accept', cfg.keymaps.accept, is_key, 'key string or false')
+  for _, name in ipairs({ 'accept', 'accept_word', 'accept_line' }) do
+    vim.validate('keymaps.' .. name, cfg.keymaps[name], is_key, 'key string or false')
+  end
   vim.validate('keymaps.rewrite', cfg.keymaps.rewrite, is_key, 'key string or false')
   vim.validate('debounce_ms', cfg.debounce_ms, 'number')
   vim.validate('force_fallback', cfg.force_fallback, 'boolean')

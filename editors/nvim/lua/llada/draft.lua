@@ -68,9 +68,10 @@ function M.on_request(args)
     }
   elseif pending[bufnr] and pending[bufnr].id == data.request_id then
     pending[bufnr] = nil
-    -- The built-in completer draws the answer in its own namespace right after this; the fallback
-    -- completer replaces the draft itself.
-    if not ghost.is_fallback(bufnr) and ghost.shown(bufnr) == 'draft' then
+    -- The built-in completer draws the answer in its own namespace right after this, in place of the
+    -- plugin's ghost (a draft, or the rest of a partly accepted suggestion, which the answer revises);
+    -- the fallback completer replaces it itself.
+    if not ghost.is_fallback(bufnr) and ghost.shown(bufnr) then
       ghost.clear(bufnr)
     end
   end

@@ -202,14 +202,15 @@ end
 
 --- After a keystroke: the fallback completer's ghost text stays on screen, trimmed, while the user types
 --- the start of it (the revised answer replaces it); anything else clears it. With the built-in
---- completer, which trims its own answer, the plugin's ghost (a draft) is cleared.
+--- completer, which trims its own answer, the plugin's draft is cleared, and the rest of a partly
+--- accepted suggestion (an answer) is kept as on the fallback path.
 ---@param bufnr integer
 function M.keep_typed_through(bufnr)
   local state = buffers[bufnr]
   local item = state and state.item
   local win = M.insert_window(bufnr)
   local rest
-  if item and win and state.fallback then
+  if item and win and (state.fallback or item.kind == 'answer') then
     local cursor = api.nvim_win_get_cursor(win)
     rest = through.rest(item, api.nvim_get_current_line(), { cursor[1] - 1, cursor[2] })
     if rest == item.text and cursor[2] == item.col then
@@ -236,13 +237,16 @@ function M.detach(bufnr)
   buffers[bufnr] = nil
 end
 
---- Inserts the shown ghost text (a draft or an answer) at the cursor and moves the cursor past it.
---- Returns what it accepted, or nil (and does nothing) when no ghost text is shown for the current text
---- and cursor, so a mapping can fall back to its key. The edit itself is scheduled: this runs inside an
---- <expr> mapping, where the text is locked.
+--- Inserts the shown ghost text (a draft or an answer) at the cursor and moves the cursor past it; with
+--- {take}, only its first take(text) bytes (the next word or line, llada.partial), and the rest stays
+--- shown after the cursor as an answer, which typing through keeps on screen on either path.
+--- Returns what it accepted from, or nil (and does nothing) when no ghost text is shown for the current
+--- text and cursor, so a mapping can fall back to its key. The edit itself is scheduled: this runs
+--- inside an <expr> mapping, where the text is locked.
 ---@param bufnr integer
+---@param take? fun(text: string): integer
 ---@return "draft"|"answer"|nil
-function M.accept(bufnr)
+function M.accept(bufnr, take)
   local state = buffers[bufnr]
   local item = state and state.item
   local win = M.insert_window(bufnr)
@@ -258,15 +262,25 @@ function M.accept(bufnr)
     if not api.nvim_buf_is_valid(bufnr) or api.nvim_buf_get_changedtick(bufnr) ~= item.tick then
       return
     end
-    M.clear(bufnr)
-    local lines = vim.split(item.text, '\n', { plain = true })
-    api.nvim_buf_set_text(bufnr, item.row, item.col, item.row, item.col, lines)
-    if api.nvim_win_is_valid(win) and api.nvim_win_get_buf(win) == bufnr then
-      local last = #lines
-      api.nvim_win_set_cursor(win, { item.row + last, (last == 1 and item.col or 0) + #lines[last] })
-    end
+    M.accept_text(bufnr, win, { item.row + 1, item.col }, item.text, take)
   end)
   return item.kind
+end
+
+--- Inserts {text} (all of it, or its first take(text) bytes) at {cursor} of {win} and shows the rest
+--- after it: what the accept keys do with the ghost text, whoever drew it.
+---@param bufnr integer
+---@param win integer
+---@param cursor [integer, integer] (1-based row, byte col)
+---@param text string
+---@param take? fun(text: string): integer
+function M.accept_text(bufnr, win, cursor, text, take)
+  M.clear(bufnr)
+  local n = take and take(text) or #text
+  local row, col = through.insert(bufnr, win, cursor, text:sub(1, n))
+  if n < #text then
+    M.show(bufnr, row, col, text:sub(n + 1), 'answer')
+  end
 end
 
 return M

@@ -7,6 +7,7 @@ local draft = require('llada.draft')
 local ghost = require('llada.ghost')
 local highlight = require('llada.highlight')
 local next_edit = require('llada.next_edit')
+local partial = require('llada.partial')
 local review = require('llada.review')
 local through = require('llada.through')
 
@@ -152,35 +153,43 @@ end
 
 --- The built-in completer's item, as it shows it at the cursor: typed through since its answer, it
 --- shows the rest, which is what is inserted (its own accept would insert the whole answer where it was
---- made, repeating what was typed).
+--- made, repeating what was typed). With {take} (a partial accept) only that start of it is inserted,
+--- and the rest becomes the plugin's ghost text: the built-in completer cannot show an item typed
+--- through across a line break, and drops it when it is taken anyway.
 ---@param bufnr integer
+---@param take? fun(text: string): integer
 ---@return boolean
-local function accept_builtin(bufnr)
+local function accept_builtin(bufnr, take)
   local win = ghost.insert_window(bufnr)
   local shown = win and through.builtin_at_cursor(bufnr, win)
   if not shown then
-    return vim.lsp.inline_completion.get({ bufnr = bufnr })
+    return not take and vim.lsp.inline_completion.get({ bufnr = bufnr })
   end
   local cursor, tick = api.nvim_win_get_cursor(win), api.nvim_buf_get_changedtick(bufnr)
   return vim.lsp.inline_completion.get({
     bufnr = bufnr,
     on_accept = function()
       if api.nvim_buf_is_valid(bufnr) and api.nvim_buf_get_changedtick(bufnr) == tick then
-        through.insert(bufnr, win, cursor, shown)
+        ghost.accept_text(bufnr, win, cursor, shown, take)
       end
     end,
   })
 end
 
---- The accept key: inserts what is on screen, and returns false when nothing is.
+--- An accept key: inserts what is on screen, or with {take} its next word or line (llada.partial) and
+--- leaves the rest shown; returns false when nothing is shown.
 ---@param bufnr integer
 ---@param fallback boolean
+---@param take? fun(text: string): integer
 ---@return boolean
-local function accept(bufnr, fallback)
-  -- The plugin's ghost text: a live draft on either path, or the fallback completer's answer.
-  local accepted = ghost.accept(bufnr)
-  if accepted == 'draft' then
-    -- The user took the draft as shown; the rest of its request would only replace it.
+local function accept(bufnr, fallback, take)
+  -- The plugin's ghost text: a live draft on either path, the fallback completer's answer, or the rest
+  -- of a partly accepted suggestion.
+  local accepted = ghost.accept(bufnr, take)
+  if accepted == 'draft' or (accepted and not fallback) then
+    -- The user took what was shown; the rest of its request (a draft's, or on the built-in path the
+    -- revision on its way, which the built-in completer would draw at its old place) would only
+    -- replace it. The fallback completer drops an answer to an older text itself.
     if fallback then
       draft.cancel(bufnr)
     else
@@ -192,10 +201,10 @@ local function accept(bufnr, fallback)
     end
     return true
   end
-  if accepted ~= nil or (not fallback and accept_builtin(bufnr)) then
+  if accepted ~= nil or (not fallback and accept_builtin(bufnr, take)) then
     return true
   end
-  return next_edit.tab(bufnr) -- no inline completion shown: the next edit's jump or accept
+  return not take and next_edit.tab(bufnr) -- no inline completion shown: the next edit's jump or accept
 end
 
 ---@param client vim.lsp.Client
@@ -210,12 +219,20 @@ local function on_attach(client, bufnr, group)
   next_edit.attach(bufnr, client, { enabled = cfg.next_edit, delay_ms = cfg.next_edit_delay_ms, group = group,
                                     accept_key = cfg.keymaps.accept })
   local keys = cfg.keymaps
-  if keys.accept then
-    vim.keymap.set('i', keys.accept, function()
-      if not accept(bufnr, fallback) then
-        return keys.accept
-      end
-    end, { buffer = bufnr, expr = true, desc = 'llada: accept the inline completion' })
+  local accept_keys = {
+    { keys.accept, nil, 'llada: accept the inline completion' },
+    { keys.accept_word, partial.word, 'llada: accept the next word of the inline completion' },
+    { keys.accept_line, partial.line, 'llada: accept the next line of the inline completion' },
+  }
+  for _, k in ipairs(accept_keys) do
+    local lhs, take, desc = k[1], k[2], k[3]
+    if lhs then
+      vim.keymap.set('i', lhs, function()
+        if not accept(bufnr, fallback, take) then
+          return lhs -- nothing shown: the key does what it always does
+        end
+      end, { buffer = bufnr, expr = true, desc = desc })
+    end
   end
   if keys.rewrite then
     vim.keymap.set('x', keys.rewrite, function()

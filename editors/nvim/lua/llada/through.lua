@@ -63,14 +63,16 @@ end
 ---@param win integer
 ---@param cursor [integer, integer] (1-based row, byte col)
 ---@param text string
+---@return integer row, integer col the end of the inserted text (0-based row, byte col)
 function M.insert(bufnr, win, cursor, text)
   local lines = vim.split(text, '\n', { plain = true })
   local row, col = cursor[1] - 1, cursor[2]
   api.nvim_buf_set_text(bufnr, row, col, row, col, lines)
+  local end_row, end_col = row + #lines - 1, (#lines == 1 and col or 0) + #lines[#lines]
   if api.nvim_win_is_valid(win) and api.nvim_win_get_buf(win) == bufnr then
-    local last = #lines
-    api.nvim_win_set_cursor(win, { row + last, (last == 1 and col or 0) + #lines[last] })
+    api.nvim_win_set_cursor(win, { end_row + 1, end_col })
   end
+  return end_row, end_col
 end
 
 return M
