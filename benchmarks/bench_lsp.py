@@ -14,7 +14,7 @@ the inline response and to the first `llada/draft`, for single-line (cursor afte
 what the service adds per keystroke (service minus in-process, same keys); and each front's RSS.
 
     python benchmarks/bench_lsp.py [--engine both|local|service] [--limit N] [--mode speed|quality]
-                                 [--model PATH] [--no-drafts] [--threads N]
+                                 [--model PATH] [--no-drafts] [--threads N] [--markdown FILE]
 
 A benchmark, not a test: numbers depend on the machine and on how well the model is trained.
 """
@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from lsprotocol import types as t
-from pygls.lsp.client import LanguageClient
 
 from llada_lsp.backends.native import load
 from llada_lsp.completion.generation import ModelSpec
 from llada_lsp.completion.jobs import Infill, window
 from llada_lsp.completion.pipeline import cursor_context, run_infill
+from llada_lsp.lsp_client import LspClient, Request, position
+from llada_lsp.report import Report, Table, add_markdown_argument
 from llada_lsp.server.documents import Document
 from llada_lsp.server.positions import UTF16
 
@@ -53,11 +53,10 @@ RECORDING = HERE / "data" / "inventory_edits.json"
 @dataclass(frozen=True)
 class Keystroke:
     version: int
-    at: tuple[int, int]  # where `typed` is inserted (line, UTF-16 character; the recording is ASCII)
+    at: int  # str offset where `typed` is inserted
     typed: str  # one character, or Enter: a line end plus the new line's indentation
-    cursor_at: tuple[int, int]  # the cursor once it is typed: where the completion is asked
     text_after: str  # the document once it is typed
-    cursor: int  # str offset of the cursor
+    cursor: int  # str offset of the cursor once it is typed: where the completion is asked
     block: bool  # the cursor is on an empty line: a block completion, else a single-line one
 
 
@@ -83,11 +82,12 @@ def replay(recording: Path, limit: int | None) -> tuple[str, list[Keystroke]]:
     start, keys = doc.text, []
 
     def type_(at: tuple[int, int], typed: str, cursor_at: tuple[int, int]) -> None:
+        offset_at = doc.offset(*at, UTF16)
         doc.edit(at, at, typed, UTF16)
         doc.version += 1
         offset = doc.offset(*cursor_at, UTF16)
         block = cursor_context(*window(doc.text, offset, offset, 2**14)).on_empty_line
-        keys.append(Keystroke(doc.version, at, typed, cursor_at, doc.text, offset, block))
+        keys.append(Keystroke(doc.version, offset_at, typed, doc.text, offset, block))
 
     for s in sessions:
         line, indent = s["line"], s["character"]
@@ -202,75 +202,65 @@ class Service(EngineService):
 
 
 class Front:
-    """A language server the keystrokes go through over stdio: the model in its process (`engine`
-    "local") or a front of the service (`engine` its address); what it answered, and when."""
+    """A language server the keystrokes go through over stdio (lsp_client.py): the model in its process
+    (`engine` "local") or a front of the service (`engine` its address); what it answered, and when."""
 
     def __init__(self, label: str, engine: str):
         self.label, self.engine = label, engine
-        self.client = LanguageClient("bench", "1")
         self.timing = Timing()
-        self.drafts: dict[int, float] = {}
+        self.drafts: dict[int, float] = {}  # request id -> when its first llada/draft was read
         self.job_ms: dict[int, float] = {}  # from the server's log: only a front running the model has one
+        self.request_ids: list[int] = []  # per keystroke
         self.rss = float("nan")
         self.uri = (HERE / "data" / "inventory.py").as_uri()
-        self.client.feature("llada/draft")(lambda p: self.drafts.setdefault(int(p.requestId), time.perf_counter()))
 
-        def on_log(params):
-            m = re.match(r"llada: inline (\d+): \d+ steps in ([\d.]+) ms", params.message)
-            if m:
-                self.job_ms[int(m[1])] = float(m[2]) / 1000
-
-        self.client.feature(t.WINDOW_LOG_MESSAGE)(on_log)
+    def _on_log(self, params: dict) -> None:
+        m = re.match(r"llada: inline (\d+): \d+ steps in ([\d.]+) ms", params["message"])
+        if m:
+            self.job_ms[int(m[1])] = float(m[2]) / 1000
 
     async def start(self, text: str, args) -> None:
         server = [sys.executable, "-m", "llada_lsp", "serve", "--engine", self.engine]
         if self.engine == "local":
             server += ["--threads", str(args.threads), *model_args(args)]
-        await self.client.start_io(*server)
-        capabilities = t.ClientCapabilities(experimental={"lladaDrafts": not args.no_drafts})
+        self.client = client = await LspClient.start(server)
+        client.on("llada/draft", lambda p: self.drafts.setdefault(int(p["requestId"]), time.perf_counter()))
+        client.on("window/logMessage", self._on_log)
         options = {"inlineMode": args.mode, "maxCompletionTokens": args.max_tokens, "revise": not args.no_revise}
-        await self.client.initialize_async(
-            t.InitializeParams(capabilities=capabilities, initialization_options=options)
-        )
-        self.client.initialized(t.InitializedParams())
-        self.client.text_document_did_open(t.DidOpenTextDocumentParams(t.TextDocumentItem(self.uri, "python", 1, text)))
+        await client.initialize({"experimental": {"lladaDrafts": not args.no_drafts}}, options)
+        self.doc = client.did_open(self.uri, text)
 
     async def ready(self, timeout: float = 300.0) -> None:
         """Until the model is loaded: while it loads, the server answers completions at once with nothing."""
         deadline = time.monotonic() + timeout
         while True:
-            status = await self.client.workspace_execute_command_async(t.ExecuteCommandParams("llada.status"))
+            status = await self.client.request("workspace/executeCommand", {"command": "llada.status"})
             if status["state"] == "ready":
                 return
             if status["state"] in ("error", "unavailable", "not responding") or time.monotonic() > deadline:
                 raise RuntimeError(f"the {self.label} server is not ready: {status}")
             await asyncio.sleep(0.1)
 
-    def ask(self, line: int, character: int, msg_id: int):
-        params = t.InlineCompletionParams(
-            text_document=t.TextDocumentIdentifier(self.uri), position=t.Position(line, character),
-            context=t.InlineCompletionContext(t.InlineCompletionTriggerKind.Automatic),
-        )  # fmt: skip
-        return self.client.protocol.send_request_async(t.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id=msg_id)
+    def ask(self, offset: int) -> Request:
+        at = position(self.doc, offset, self.client.encoding)
+        params = {"textDocument": {"uri": self.uri}, "position": at, "context": {"triggerKind": 2}}  # 2: Automatic
+        return self.client.send("textDocument/inlineCompletion", params)
 
-    async def type(self, key: Keystroke, i: int) -> None:
-        at = t.Position(*key.at)
-        change = t.TextDocumentContentChangePartial(range=t.Range(at, at), text=key.typed)
+    async def type(self, key: Keystroke) -> None:
         sent = time.perf_counter()
-        self.client.text_document_did_change(
-            t.DidChangeTextDocumentParams(t.VersionedTextDocumentIdentifier(version=key.version, uri=self.uri), [change])
-        )  # fmt: skip
-        result = await self.ask(*key.cursor_at, i)
-        self.timing.response.append(time.perf_counter() - sent)
-        self.timing.first_draft.append(self.drafts.get(i, float("nan")) - sent)
-        self.timing.texts.append(result.items[0].insert_text if result.items else "")
+        self.client.did_change(self.doc, key.at, key.at, key.typed)
+        request = self.ask(key.cursor)
+        result = await self.client.result(request)
+        self.timing.response.append(request.arrived - sent)
+        self.timing.first_draft.append(self.drafts.get(request.id, float("nan")) - sent)
+        items = (result.get("items") if isinstance(result, dict) else result) or []
+        self.timing.texts.append(items[0]["insertText"] if items else "")
+        self.request_ids.append(request.id)
 
-    async def stop(self, n: int) -> None:
-        self.rss = rss_mib(self.client._server.pid)  # pygls keeps the process it started to itself
-        await self.client.shutdown_async(None)
-        self.client.exit(None)
-        await self.client.stop()
-        self.timing.job = [self.job_ms.get(i, float("nan")) for i in range(1, n + 1)]
+    async def stop(self) -> None:
+        self.rss = rss_mib(self.client.process.pid)
+        await self.client.shutdown()
+        self.timing.job = [self.job_ms.get(i, float("nan")) for i in self.request_ids]
 
 
 async def run(start: str, keys: list[Keystroke], args) -> tuple[list[Front], Timing, Service | None]:
@@ -290,12 +280,12 @@ async def run(start: str, keys: list[Keystroke], args) -> tuple[list[Front], Tim
             await fronts[-1].start(start, args)
         for front in fronts:
             await front.ready()
-            await front.ask(0, 0, 0)  # a warm-up, not measured
+            await front.client.result(front.ask(0))  # a warm-up, not measured
 
         ref = Timing()
         for i, key in enumerate(keys, start=1):
             for front in fronts if i % 2 else fronts[::-1]:
-                await front.type(key, i)
+                await front.type(key)
             first: list[float] = []
             started = time.perf_counter()
             job = Infill.at(key.text_after, key.cursor, args.mode, args.max_tokens, 1024)
@@ -306,7 +296,7 @@ async def run(start: str, keys: list[Keystroke], args) -> tuple[list[Front], Tim
             print(f"\r  {i}/{len(keys)}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
         for front in fronts:
-            await front.stop(len(keys))
+            await front.stop()
     finally:
         jobs = service.stop() if service is not None else []
     if service is not None and len(jobs) >= len(keys):  # one job per request, one request at a time, the warm-up first
@@ -322,7 +312,7 @@ def quantile(values: list[float], q: float) -> float | None:
 
 def pct(values: list[float], q: float) -> str:
     value = quantile(values, q)
-    return "     -" if value is None else f"{value * 1000:6.1f}"
+    return "-" if value is None else f"{value * 1000:.1f}"
 
 
 def mib(value: float) -> str:
@@ -348,22 +338,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="cold starts only (setting revise: false), as the direct call makes them")  # fmt: skip
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                     help="torch threads: the server, the service and the direct call")  # fmt: skip
+    add_markdown_argument(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     start, keys = replay(RECORDING, args.limit)
-    print(f"{len(keys)} keystrokes over {RECORDING.name}, mode {args.mode}, {args.threads} thread(s), "
-          f"torch {torch.__version__}, {os.cpu_count()} CPUs, engine {args.engine}")  # fmt: skip
+    caption = (f"{len(keys)} keystrokes over {RECORDING.name}, mode {args.mode}, {args.threads} thread(s), "
+               f"torch {torch.__version__}, {os.cpu_count()} CPUs, engine {args.engine}")  # fmt: skip
+    print(caption)
     fronts, ref, service = asyncio.run(run(start, keys, args))
 
     kinds = (("single-line", False), ("block", True))
     groups = {name: [i for i, k in enumerate(keys) if k.block == block] for name, block in kinds}
-    print(f"\n{'milliseconds':44}" + "".join(f" {front.label:>13}" for front in fronts) + "    n")
-    print(f"{'':44}" + f" {'p50':>6} {'p95':>6}" * len(fronts))
+    latency = Table(["milliseconds", *(f"{f.label} {q}" for f in fronts for q in ("p50", "p95")), "n"])
 
     def row(label: str, per_front: list[list[float]]) -> None:
-        cells = "".join(f" {pct(values, 0.5)} {pct(values, 0.95)}" for values in per_front)
-        print(f"{label:44}{cells} {len(per_front[0]):4}")
+        latency.add(label, *(pct(values, q) for values in per_front for q in (0.5, 0.95)), len(per_front[0]))
 
     for name, idx in groups.items():
         if not idx:
@@ -376,28 +366,42 @@ def main(argv: list[str] | None = None) -> int:
                       ("LSP overhead: response - direct (same keys)", lambda s: zip(s.response, ref.response)),
                       ("LSP overhead: response - server job time", lambda s: zip(s.response, s.job))):  # fmt: skip
         row(label, [[a - b for a, b in of(f.timing)] for f in fronts])
+    tables = [latency]
 
     if len(fronts) == 2:
         local, remote = (f.timing for f in fronts)
-        print(f"\n{'service - in-process, per keystroke':44} {'p50':>6} {'p95':>6}    n")
+        added = Table(["service - in-process, per keystroke, ms", "p50", "p95", "n"])
         for label, a, b in (("added: inline response (target p50 < 3 ms)", remote.response, local.response),
                             ("added: first llada/draft", remote.first_draft, local.first_draft),
                             ("added: job time (two processes, same steps)", remote.job, local.job),
                             ("added: response - job time", [r - j for r, j in zip(remote.response, remote.job)],
                              [r - j for r, j in zip(local.response, local.job)])):  # fmt: skip
             values = [x - y for x, y in zip(a, b)]
-            print(f"{label:44} {pct(values, 0.5)} {pct(values, 0.95)} {len(values):4}")
+            added.add(label, pct(values, 0.5), pct(values, 0.95), len(values))
+        tables.append(added)
 
     rss = ", ".join(f"{f.label} front {mib(f.rss)}" for f in fronts)
     rss += f"; the service {mib(service.rss)} (target for its front: < 150 MiB)" if service else ""
-    print(f"\nRSS at the end of the run: {rss}")
+    notes = [f"RSS at the end of the run: {rss}"]
     for f in fronts:
         same = sum(a == b for a, b in zip(f.timing.texts, ref.texts))
         shown = sum(bool(a) for a in f.timing.texts)
-        print(f"{f.label}: completions shown: {shown}/{len(keys)}; identical to the direct run: {same}/{len(keys)}")
+        notes.append(
+            f"{f.label}: completions shown: {shown}/{len(keys)}; identical to the direct run: {same}/{len(keys)}"
+        )
     if len(fronts) == 2:
         same = sum(a == b for a, b in zip(fronts[0].timing.texts, fronts[1].timing.texts))
-        print(f"service identical to in-process: {same}/{len(keys)}")
+        notes.append(f"service identical to in-process: {same}/{len(keys)}")
+    for table in tables:
+        print(f"\n{table.text()}")
+    print("", *notes, sep="\n")
+    if args.markdown:
+        report = Report("Latency as an editor sees it")
+        report.table(latency, f"{caption}. Milliseconds from the keystroke's didChange, p50 and p95 per front.")
+        if len(tables) == 2:
+            report.table(tables[1], "What the engine service adds per keystroke (service minus in-process, same keys).")
+        report.note("\n".join(f"- {line}" for line in notes))
+        report.write(args.markdown)
     return 0
 
 
