@@ -19,7 +19,7 @@ PACKAGES = ("llada_lsp", "llada_lab")  # the product and the lab: the imports fo
 # Lower is higher up. A module may import its own layer and any below it.
 LAYERS = {
     "cli": 0, "__main__": 0, "commands": 0,
-    "training": 1,
+    "training": 1, "lsp_client": 1,  # the tools' LSP client: it holds documents as server/ does
     "server": 2,
     "service": 3,
     "backends": 4,
