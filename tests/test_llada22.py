@@ -111,3 +111,22 @@ def test_plan_names_the_family(golden_dir):
 def test_plan_refuses_an_incoherent_config(tmp_path):
     with pytest.raises(CheckpointError, match="without expert_capacity"):
         make_plan(variant(tmp_path, TINY22, expert_capacity=None), memory=[10**12])
+
+
+def test_the_engine_decodes_llada22_with_the_indel_rule_at_the_presets_thresholds(golden_dir):
+    from llada_lsp.engine.policy import JointThreshold, JointThresholdInDel
+
+    engine = Engine(load_model(TINY22, device="cpu", dtype=torch.float32))
+    assert engine.settings([1, 2], 8, "quality").policy == JointThresholdInDel(0.7, 0.5)
+    assert engine.settings([1, 2], 8, JointThreshold(0.6, 0.1)).policy == JointThresholdInDel(0.6, 0.1)
+    assert engine.settings([1, 2], 8).edit_ids == (509, 510)
+    with pytest.raises(ValueError, match="init_ids hold an edit id"):
+        engine.settings([1, 2], 8, init_ids=[3, 509])
+    with pytest.raises(ValueError, match="post-edit budget"):
+        engine.settings([1, 2], 8, max_post_steps=-1)
+    old = Engine(load_model(golden_dir, device="cpu", dtype=torch.float32))
+    assert old.settings([1, 2], 8, "speed").policy == JointThreshold(0.5, 0.0)
+    with pytest.raises(ValueError, match="needs a checkpoint with edit tokens"):
+        old.settings([1, 2], 8, JointThresholdInDel())
+    with pytest.raises(ValueError, match="JointThreshold sequence for a model whose rule is JointThresholdInDel"):
+        engine.scheduler.add(old.settings([1, 2], 8))

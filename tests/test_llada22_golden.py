@@ -96,3 +96,21 @@ def test_a_batch_decodes_each_row_as_alone(models):
     for i, case in enumerate(CASES):
         assert results[i].tokens == case["tokens"], i
         assert traces[i] == case["trace"], i
+
+
+def test_a_draft_and_a_constrained_first_token_decode_alike_with_and_without_the_cache(models):
+    """A rewrite's draft (init_ids) and token healing's first_allowed under the InDel rule: the draft's
+    tokens are editable (DELETE/INSERT shift them), the first generated position keeps its constraint,
+    the cached engine and the recompute loop agree, and no edit id comes out."""
+    model = models[torch.float64]
+    prompt, draft = list(range(100, 140)), [316, 248, 30, 376, 316, 172, 51, 414]
+    outs = []
+    for use_cache in (True, False):
+        gen = Engine(model, use_cache=use_cache).generation(
+            prompt, 40, "speed", init_ids=draft, first_allowed=[248, 30]
+        )
+        drafts = list(gen)
+        outs.append((gen.result.tokens, [d.block_tokens for d in drafts]))
+        assert gen.result.tokens[0] in (248, 30)
+        assert all(DELETE not in d.generated and SPLIT not in d.generated for d in drafts)
+    assert outs[0] == outs[1]

@@ -32,6 +32,7 @@ class Draft:
     # the last block the step decided (the active one; a draft's check may decide several: Sequence.ahead)
     block: int  # its index, counted from position 0 of the sequence
     block_tokens: list[int]  # its ids after the step (prompt tail included)
+    # (LLaDA2.2: positions in the block as it stands after the step's DELETE/INSERT shifted it)
     filled: list[int]  # its block-relative positions filled from a mask (M2T)
     edited: list[int]  # its block-relative positions overwritten (T2T)
     generated: list[int]  # everything generated so far, mask ids where still masked
