@@ -114,3 +114,21 @@ def test_a_draft_and_a_constrained_first_token_decode_alike_with_and_without_the
         assert gen.result.tokens[0] in (248, 30)
         assert all(DELETE not in d.generated and SPLIT not in d.generated for d in drafts)
     assert outs[0] == outs[1]
+
+
+def test_make_rebuilds_these_exact_weights():
+    """The checkpoint is data made by a script: the script must still make it, bit for bit."""
+    import importlib.util
+
+    from safetensors.torch import load_file
+
+    from llada_lsp.model.loader import to_checkpoint_names
+
+    spec = importlib.util.spec_from_file_location("make_llada22_tiny", HERE / "make.py")
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    built = to_checkpoint_names(make.build().state_dict())
+    stored = load_file(HERE / "model.safetensors")
+    assert built.keys() == stored.keys()
+    assert all(torch.equal(built[k], stored[k]) for k in stored)
+    assert json.loads((HERE / "config.json").read_text()).items() >= make.CONFIG.items()
