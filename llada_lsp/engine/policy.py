@@ -1,7 +1,8 @@
 """Decoding policies: how one denoising step turns logits into filled (M2T) and edited (T2T) tokens.
 
-Pure tensor functions over the active blocks of a batch, each row with its own thresholds; the
-sequences, the cache and the model live in sequence.py, cache.py and scheduler.py.
+Pure tensor functions over the active blocks of a batch, each row with its own thresholds; LLaDA2.2's
+Levenshtein rule (JointThresholdInDel) is a pure host function over each position's ranked candidates.
+The sequences, the cache and the model live in sequence.py, cache.py and scheduler.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ a step's decisions do to the canvas, the block and the cache's valid prefix.
 Host-side only (lists of ids): the scheduler runs the forwards of many sequences at once and hands
 each its rows of the decisions. The loop rules are the reference's: blocks left to right, post steps
 after the last mask, a block ends when a mask-free step changes nothing or the post-step budget is
-spent, EOS early stop after a block, cancellation checked before every forward.
+spent, EOS early stop after a block, cancellation checked before every forward. LLaDA2.2's
+Levenshtein rule (apply_indel) ends a block where its own step says so (policy.indel_step).
 """
 
 from __future__ import annotations

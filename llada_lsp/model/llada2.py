@@ -1,5 +1,6 @@
 """The LLaDA2 (`llada2_moe`) network in plain PyTorch: block-causal attention over an optional block
-KV cache, a group-limited sigmoid-routed MoE, unshifted logits.
+KV cache, a sigmoid-routed MoE (LLaDA2.1: group-limited per token; LLaDA2.2: per block of tokens),
+unshifted logits.
 
 Knows nothing of decoding policy, tokenizers or documents. Shape legend: B batch, T query tokens,
 S key tokens, H query heads, K kv heads, D head dim, C hidden, E experts, A experts per token,
