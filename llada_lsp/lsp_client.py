@@ -223,8 +223,7 @@ class LspClient:
         self.notify("textDocument/didClose", {"textDocument": {"uri": doc.uri}})
 
     async def shutdown(self, timeout: float = 30.0) -> int:
-        """shutdown and exit, then the process's end (killed if it is not over in `timeout` seconds);
-        its exit code."""
+        """shutdown and exit, then `wait`; the exit code."""
         try:
             if self._ended is None:
                 await self.request("shutdown", None, timeout)
@@ -232,6 +231,11 @@ class LspClient:
                 await self.process.stdin.drain()
         except (LspError, TimeoutError, ConnectionError):
             pass
+        return await self.wait(timeout)
+
+    async def wait(self, timeout: float = 30.0) -> int:
+        """The process's end (killed if it is not over in `timeout` seconds), its output read to the
+        end; the exit code."""
         try:
             await asyncio.wait_for(asyncio.shield(self.exited), timeout)
         except TimeoutError:

@@ -80,7 +80,7 @@ class Session:
             await asyncio.wait([changed, exited], return_when=asyncio.FIRST_COMPLETED)
             changed.cancel()
             if exited.done():
-                await self.client.shutdown()  # reads what is left of its stderr
+                await self.client.wait()  # reads what is left of its stderr
                 sys.stderr.buffer.write(self.client.stderr)
                 raise SessionFailed(f"the server ended (exit code {exited.result()}) before the model loaded")
         if self.state["state"] != "ready":
