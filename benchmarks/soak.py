@@ -3,9 +3,9 @@ while, with random edits, completions, cancels, rewrites and malformed messages,
 must be answered.
 
 One `llada-lsp engine` (embedded model unless `--model`), and per client one `llada-lsp serve --engine
-unix:...` front over stdio, driven by a minimal JSON-RPC client written here (so it can also send
-what no library would: a body that is not JSON, a batch array, an object as an id, an unknown
-method). Each client opens a document and loops until the time is up: an incremental edit (insert
+unix:...` front over stdio, driven through the project's LSP client (llada_lsp/lsp_client.py, which
+also sends what no library would: a body that is not JSON, a batch array, an object as an id, an
+unknown method). Each client opens a document and loops until the time is up: an incremental edit (insert
 or delete at a random spot, now and then a lone surrogate), an inline completion (a fifth of them
 cancelled soon after), a rewrite of a random line now and then, and a malformed message now and
 then. Requests the server sends (work-done progress, applyEdit) are answered. At the end each client
@@ -25,6 +25,7 @@ and the service's RSS at the start, its peak and at the end (after the abusers l
 editors' p95 under abuse at most 2x their p95 alone, the RSS at the end within 100 MB of the start.
 
     python benchmarks/soak.py [--minutes 5] [--clients 3] [--seed 0] [--model PATH] [--threads 2] [--abuse-mb 4]
+                              [--markdown FILE]
 
 A stress run, not a benchmark: the mix is random but seeded; rates depend on the machine.
 """
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
 import random
@@ -49,7 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_lsp import EngineService, rss_mib  # noqa: E402  (the benchmarks folder)
 
 from llada_lsp import wire  # noqa: E402
-from llada_lsp.server.transport import FrameReader  # noqa: E402
+from llada_lsp.lsp_client import LspClient, LspError, Request, position  # noqa: E402
+from llada_lsp.report import Report, Table, add_markdown_argument  # noqa: E402
 
 SOURCE = (Path(__file__).resolve().parent / "data" / "inventory.py").read_text()
 MALFORMED = {  # what is sent -> the error code a server should answer it with (None: no id to answer)
@@ -67,137 +68,94 @@ class Service(EngineService):
         return SystemExit(f"soak: {what}:\n{self.log.read_text()}")
 
 
-def frame(body: bytes) -> bytes:
-    return b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-
-
 class Client:
-    """One editor: a front process on pipes, its document, and what it asked and got."""
+    """One editor: a front process on pipes (lsp_client.py), its document, and what it asked and got."""
 
     def __init__(self, name: str, address: str, rng: random.Random):
         self.name, self.address, self.rng = name, address, rng
         self.uri = f"file:///soak/{name}.py"
-        self.text, self.version = SOURCE, 1
-        self.next_id = 0
-        self.pending: dict[int, tuple[str, asyncio.Future]] = {}  # id -> (method, its answer), until answered
+        self.lsp: LspClient | None = None
         self.sent = Counter()  # method -> count
         self.outcomes = Counter()  # "result" or the error code (and its kind) -> count
         self.malformed = Counter()  # the answers to malformed messages: "result" or the error code -> count
-        self.proc: asyncio.subprocess.Process | None = None
         self.rss_start = self.rss_end = float("nan")
         self.phase = "alone"  # the soak's phase: completion times are kept per phase
         self.latencies: dict[str, list[float]] = {"alone": [], "abused": []}
 
+    @property
+    def proc(self) -> asyncio.subprocess.Process | None:
+        return self.lsp.process if self.lsp is not None else None
+
     async def start(self) -> None:
         command = [sys.executable, "-m", "llada_lsp", "serve", "--engine", self.address]
-        self.proc = await asyncio.create_subprocess_exec(*command, stdin=asyncio.subprocess.PIPE,
-                                                         stdout=asyncio.subprocess.PIPE,
-                                                         stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
-        self.reader = asyncio.ensure_future(self._read())
-        await self.request("initialize", {"processId": None, "rootUri": None, "capabilities": {
-            "window": {"workDoneProgress": True}, "workspace": {"applyEdit": True}}})  # fmt: skip
-        self.notify("initialized", {})
-        self.notify("textDocument/didOpen", {"textDocument": {"uri": self.uri, "languageId": "python",
-                                                              "version": self.version, "text": self.text}})  # fmt: skip
+        self.lsp = lsp = await LspClient.start(command, stderr="discard")
+        lsp.on_stray = lambda message: self.malformed.update([_outcome(message)])  # ids we never numbered
+        lsp.answer("workspace/applyEdit", lambda params: {"applied": False})  # the document is ours
+        await lsp.initialize({"window": {"workDoneProgress": True}, "workspace": {"applyEdit": True}}, timeout=300)
+        self.sent["initialize"] += 1  # counted as every other request
+        self.outcomes["result"] += 1
+        self.doc = lsp.did_open(self.uri, SOURCE)
         self.rss_start = rss_mib(self.proc.pid)
 
-    # --- the wire ----------------------------------------------------------------------------------
-    def write(self, body: bytes) -> None:
-        self.proc.stdin.write(frame(body))
-
-    def send(self, message: dict) -> None:
-        self.write(json.dumps({"jsonrpc": "2.0", **message}).encode())
-
-    def notify(self, method: str, params) -> None:
-        self.send({"method": method, "params": params})
-
-    def ask(self, method: str, params) -> tuple[int, asyncio.Future]:
-        self.next_id += 1
-        rid = self.next_id
-        answer = asyncio.get_running_loop().create_future()
-        self.pending[rid] = (method, answer)
+    def ask(self, method: str, params) -> Request:
+        request = self.lsp.send(method, params)
         self.sent[method] += 1
-        self.send({"id": rid, "method": method, "params": params})
-        return rid, answer
+        request.answer.add_done_callback(
+            lambda answer: answer.exception() is None and self.outcomes.update([_outcome(answer.result())])
+        )
+        return request
 
-    async def request(self, method: str, params, timeout: float = 300):
-        _, answer = self.ask(method, params)
-        return await asyncio.wait_for(answer, timeout)
-
-    async def _read(self) -> None:
-        frames = FrameReader(self.proc.stdout)
-        while (got := await frames.next()) is not None:
-            if got.body is not None:  # a server's frames are well formed; a broken one is no answer
-                self._dispatch(json.loads(got.body))
-
-    def _dispatch(self, message: dict) -> None:
-        if "method" in message:  # from the server
-            if "id" in message:  # a request: applyEdit is declined (the document is ours), the rest acknowledged
-                result = {"applied": False} if message["method"] == "workspace/applyEdit" else None
-                self.send({"id": message["id"], "result": result})
-            return
-        rid = message.get("id")
-        error = message.get("error")
-        key = "result" if error is None else f"error {error.get('code')}"
-        if rid in self.pending:
-            _, answer = self.pending.pop(rid)
-            self.outcomes[key] += 1
-            answer.set_result(message)
-        else:  # a malformed message's: one we numbered negative, or one with no id we know (id null)
-            self.malformed[key] += 1
+    async def request(self, method: str, params, timeout: float = 300) -> dict:
+        return await asyncio.wait_for(asyncio.shield(self.ask(method, params).answer), timeout)
 
     # --- what an editor does ------------------------------------------------------------------------
     def position(self, offset: int) -> dict:
-        line = self.text.count("\n", 0, offset)
-        return {"line": line, "character": offset - (self.text.rfind("\n", 0, offset) + 1)}
+        return position(self.doc, offset, self.lsp.encoding)
 
     def edit(self) -> None:
-        rng = self.rng
-        at = rng.randrange(len(self.text) + 1)
-        if rng.random() < 0.5 and len(self.text) > 200:
-            end = min(len(self.text), at + rng.randrange(1, 12))
+        rng, text = self.rng, self.doc.text
+        at = rng.randrange(len(text) + 1)
+        if rng.random() < 0.5 and len(text) > 200:
+            end = min(len(text), at + rng.randrange(1, 12))
             new = ""
         else:
             end = at
             new = rng.choice(["x", " ", "\n", "def f(a):\n    return a", "(", ")", "self.", "\ud800", "# note\n"])
-        change = {"range": {"start": self.position(at), "end": self.position(end)}, "text": new}
-        self.text = self.text[:at] + new + self.text[end:]
-        self.version += 1
-        self.notify("textDocument/didChange", {"textDocument": {"uri": self.uri, "version": self.version},
-                                               "contentChanges": [change]})  # fmt: skip
+        self.lsp.did_change(self.doc, at, end, new)
 
     async def complete(self) -> None:
-        at = self.rng.randrange(len(self.text) + 1)
-        rid, answer = self.ask("textDocument/inlineCompletion", {
+        at = self.rng.randrange(len(self.doc.text) + 1)
+        request = self.ask("textDocument/inlineCompletion", {
             "textDocument": {"uri": self.uri}, "position": self.position(at),
             "context": {"triggerKind": 2}})  # fmt: skip
         start, phase = time.monotonic(), self.phase
         if self.rng.random() < 0.2:
             await asyncio.sleep(self.rng.random() * 0.1)
-            self.notify("$/cancelRequest", {"id": rid})
-            await answer
+            self.lsp.cancel(request)
+            await request.answer
             return
-        await answer
+        await request.answer
         self.latencies[phase].append(time.monotonic() - start)
 
     async def rewrite(self) -> None:
-        line = self.rng.randrange(self.text.count("\n") + 1)
-        text = self.text.split("\n")[line]
+        doc = self.doc
+        line = self.rng.randrange(doc.text.count("\n") + 1)
+        start = doc.line_starts[line]
         arg = {
-            "textDocument": {"uri": self.uri, "version": self.version},
-            "range": {"start": {"line": line, "character": 0}, "end": {"line": line, "character": len(text)}},
+            "textDocument": {"uri": self.uri, "version": doc.version},
+            "range": {"start": self.position(start), "end": self.position(start + len(doc.line(line)))},
         }
-        _, answer = self.ask("workspace/executeCommand", {"command": "llada.rewriteSelection", "arguments": [arg]})
-        await answer
+        await self.ask("workspace/executeCommand", {"command": "llada.rewriteSelection", "arguments": [arg]}).answer
 
     def misbehave(self) -> None:
         kind = self.rng.choice(sorted(MALFORMED))
         body, _code = MALFORMED[kind]
         self.sent[f"malformed: {kind}"] += 1
         if body is None:  # a well-formed request for a method nobody serves: numbered negative
-            self.send({"id": -self.sent[f"malformed: {kind}"], "method": "llada/noSuchMethod", "params": {}})
+            self.lsp.send_message({"id": -self.sent[f"malformed: {kind}"], "method": "llada/noSuchMethod",
+                                   "params": {}})  # fmt: skip
         else:
-            self.write(body)
+            self.lsp.write(body)
 
     async def run(self, until: float) -> None:
         while time.monotonic() < until:
@@ -216,18 +174,23 @@ class Client:
     async def finish(self, drain: float) -> list[tuple[int, str]]:
         """Waits up to `drain` seconds for outstanding answers; what is still unanswered then."""
         deadline = time.monotonic() + drain
-        while self.pending and time.monotonic() < deadline:
+        while self.lsp.pending and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        missing = [(rid, method) for rid, (method, _) in self.pending.items()]
+        missing = [(rid, request.method) for rid, request in self.lsp.pending.items()]
         self.rss_end = rss_mib(self.proc.pid)
         try:
             await self.request("shutdown", None, timeout=30)
-            self.notify("exit", None)
-            await asyncio.wait_for(self.proc.wait(), 30)
-        except (TimeoutError, ConnectionError):
+            self.lsp.notify("exit")
+        except (TimeoutError, ConnectionError, LspError):
             self.proc.kill()
-        self.reader.cancel()
+        await self.lsp.wait(30)
         return missing
+
+
+def _outcome(message: dict) -> str:
+    """How a request was answered: "result", or "error" and the JSON-RPC code."""
+    error = message.get("error")
+    return "result" if error is None else f"error {error.get('code')}"
 
 
 class Abuser:
@@ -342,11 +305,12 @@ def abusers(address: str, megabytes: float, only: list[str] | None = None) -> li
     return [Abuser(name.replace("-", " "), address, runs[name]) for name in only or ABUSERS]
 
 
-def percentiles(values: list[float]) -> str:
+def percentiles(values: list[float]) -> tuple[str, str]:
+    """p50 and p95 in seconds, as cells."""
     if not values:
-        return f"{'-':>8} {'-':>8}"
+        return "-", "-"
     cuts = statistics.quantiles(values, n=20, method="inclusive") if len(values) > 1 else [values[0]] * 19
-    return f"{statistics.median(values):8.2f} {cuts[18]:8.2f}"
+    return f"{statistics.median(values):.2f}", f"{cuts[18]:.2f}"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -373,6 +337,8 @@ async def watch_rss(pid: int, peak: list[float]) -> None:
 
 
 async def soak(args) -> int:
+    caption = (f"{args.clients} clients for {args.minutes:g} minutes against one engine service"
+               + ("" if args.no_abuse else ", abused in the second half"))  # fmt: skip
     service = Service(args)
     clients: list[Client] = []
     bad: list[Abuser] = []
@@ -383,14 +349,13 @@ async def soak(args) -> int:
         await asyncio.gather(*(c.start() for c in clients))
         first = clients[0]  # once this is answered the service has loaded its model: RSS like for like from here
         await first.request("textDocument/inlineCompletion", {"textDocument": {"uri": first.uri},
-                            "position": first.position(len(first.text)), "context": {"triggerKind": 2}})  # fmt: skip
+                            "position": first.position(len(first.doc.text)), "context": {"triggerKind": 2}})  # fmt: skip
         rss_service_start = rss_mib(service.process.pid)
         peak = [rss_service_start]
         watcher = asyncio.ensure_future(watch_rss(service.process.pid, peak))
         bad = [] if args.no_abuse else abusers(service.address, args.abuse_mb, args.abusers)
         end = time.monotonic() + args.minutes * 60
-        print(f"{args.clients} clients for {args.minutes:g} minutes against one engine service"
-              + ("" if args.no_abuse else ", abused in the second half") + " ...", flush=True)  # fmt: skip
+        print(f"{caption} ...", flush=True)
         editing = asyncio.gather(*(c.run(end) for c in clients))
         cpu = [cpu_now(service, clients)]
         if not args.no_abuse:
@@ -412,51 +377,58 @@ async def soak(args) -> int:
         service.stop()  # SIGTERM (the service removes its socket and stops), a kill after 30 s
 
     total_missing = sum(len(m) for m in missing.values())
-    print(f"\n{'client':<9} {'sent':>6} {'answered':>8} {'unanswered':>10} {'RSS start':>10} {'RSS end':>8}  outcomes")
+    editors = Table(["client", "sent", "answered", "unanswered", "RSS start", "RSS end", "outcomes"])
     for c in clients:
         sent = sum(n for m, n in c.sent.items() if not m.startswith("malformed"))
-        answered = sum(c.outcomes.values())
         outcomes = ", ".join(f"{k}: {n}" for k, n in sorted(c.outcomes.items()))
-        print(
-            f"{c.name:<9} {sent:6} {answered:8} {len(missing[c.name]):10} {c.rss_start:10.0f} {c.rss_end:8.0f}  {outcomes}"
-        )
-    print(f"{'service':<9} {'':6} {'':8} {'':10} {rss_service_start:10.0f} {rss_service_end:8.0f}")
+        editors.add(c.name, sent, sum(c.outcomes.values()), len(missing[c.name]), f"{c.rss_start:.0f}",
+                    f"{c.rss_end:.0f}", outcomes)  # fmt: skip
+    editors.add("service", "", "", "", f"{rss_service_start:.0f}", f"{rss_service_end:.0f}", "")
+    tables = [(editors, f"{caption}. Requests per editor (its own front), RSS in MiB.")]
     sent = Counter()
-    for c in clients:
-        sent.update(c.sent)
-    print("\nsent by method: " + ", ".join(f"{m} {n}" for m, n in sorted(sent.items())))
     malformed = Counter()
     for c in clients:
+        sent.update(c.sent)
         malformed.update(c.malformed)
-    print("answers to malformed messages: " + (", ".join(f"{k}: {n}" for k, n in sorted(malformed.items())) or "none"))
-    for name, m in missing.items():
-        for rid, method in m:
-            print(f"UNANSWERED: {name} request {rid} ({method})")
-    print(f"\nunanswered requests: {total_missing}")
+    notes = ["sent by method: " + ", ".join(f"{m} {n}" for m, n in sorted(sent.items())),
+             "answers to malformed messages: " + (", ".join(f"{k}: {n}" for k, n in sorted(malformed.items()))
+                                                  or "none")]  # fmt: skip
+    notes += [f"UNANSWERED: {name} request {rid} ({method})" for name, m in missing.items() for rid, method in m]
+    notes.append(f"unanswered requests: {total_missing}")
     failed = bool(total_missing)
     if not args.no_abuse:
-        print(f"\n{'class':<16} {'requests':>8} {'unanswered':>10} {'p50 s':>8} {'p95 s':>8}  notes")
+        classes = Table(["class", "requests", "unanswered", "p50 s", "p95 s", "notes"])
         for phase in ("alone", "abused"):
             times = [t for c in clients for t in c.latencies[phase]]
-            print(f"{'editors ' + phase:<16} {len(times):8} {'':>10} {percentiles(times)}  inline completions answered")
+            classes.add(f"editors {phase}", len(times), "", *percentiles(times), "inline completions answered")
         for a in bad:
             unanswered = "-" if a.name == "status flood" else str(a.requests - a.answered)
             note = "never reads: nothing to answer" if a.name == "status flood" else ", ".join(
                 f"{k}: {n}" for k, n in a.errors.items())  # fmt: skip
-            print(f"{a.name:<16} {a.requests:8} {unanswered:>10} {percentiles(a.latencies)}  {note}")
-        print(f"service RSS, MiB: start {rss_service_start:.0f}, peak {peak[0]:.0f}, end {rss_service_end:.0f}")
+            classes.add(a.name, a.requests, unanswered, *percentiles(a.latencies), note)
+        tables.append((classes, "The editors alone and under abuse, and each abusive class on the engine's socket."))
+        notes.append(f"service RSS, MiB: start {rss_service_start:.0f}, peak {peak[0]:.0f}, end {rss_service_end:.0f}")
         (t0, c0), (t1, c1), (t2, c2) = cpu
-        print(f"CPU cores busy (CPU s / wall s) alone -> abused, of {os.cpu_count()}: " + ", ".join(
+        notes.append(f"CPU cores busy (CPU s / wall s) alone -> abused, of {os.cpu_count()}: " + ", ".join(
             f"{k} {(c1[k] - c0[k]) / (t1 - t0):.2f} -> {(c2[k] - c1[k]) / (t2 - t1):.2f}" for k in c0))  # fmt: skip
         alone = [t for c in clients for t in c.latencies["alone"]]
         abused = [t for c in clients for t in c.latencies["abused"]]
         if len(alone) > 1 and len(abused) > 1:
             ratio = statistics.quantiles(abused, n=20)[18] / statistics.quantiles(alone, n=20)[18]
-            print(f"editors' p95 under abuse / alone: {ratio:.2f} (target <= 2)")
+            notes.append(f"editors' p95 under abuse / alone: {ratio:.2f} (target <= 2)")
             failed |= ratio > 2
-        print(f"RSS end - start: {rss_service_end - rss_service_start:+.0f} MiB (target <= 100)")
+        notes.append(f"RSS end - start: {rss_service_end - rss_service_start:+.0f} MiB (target <= 100)")
         failed |= rss_service_end - rss_service_start > 100
         failed |= any(a.requests != a.answered for a in bad if a.name != "status flood")
+    for table, _ in tables:
+        print(f"\n{table.text()}")
+    print("", *notes, sep="\n")
+    if args.markdown:
+        report = Report("Hostile input")
+        for table, text in tables:
+            report.table(table, text)
+        report.note("\n".join(f"- {line}" for line in notes))
+        report.write(args.markdown)
     return 1 if failed else 0
 
 
@@ -478,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--abusers", type=lambda v: [a.strip() for a in v.split(",") if a.strip()], default=None,
                     metavar="NAME,...", help=f"only these abusive classes (default: all: {', '.join(ABUSERS)})")  # fmt: skip
+    add_markdown_argument(ap)
     args = ap.parse_args(argv)
     unknown = [a for a in args.abusers or () if a not in ABUSERS]
     if unknown:
