@@ -85,6 +85,33 @@ api.nvim_create_autocmd('LspRequest', {
   end,
 })
 
+-- Each inline completion answer as the server sent it, logged before anyone draws it: the text of its
+-- first item ('' for none), so a test can hold what is on screen against it.
+local wrapped = {}
+api.nvim_create_autocmd('LspAttach', {
+  group = group,
+  callback = function(args)
+    local client = vim.lsp.get_client_by_id(args.data.client_id)
+    if not client or client.name ~= 'llada' or wrapped[client.id] then
+      return
+    end
+    wrapped[client.id] = true
+    local request = client.request
+    function client.request(self, method, params, handler, ...)
+      if method == 'textDocument/inlineCompletion' and handler then
+        local on_reply = handler
+        handler = function(err, result, ctx)
+          local item = (result and (result.items or result) or {})[1]
+          local text = item and (type(item.insertText) == 'table' and item.insertText.value or item.insertText)
+          probe.log[#probe.log + 1] = { kind = 'answer', text = text or '', error = err and err.message }
+          return on_reply(err, result, ctx)
+        end
+      end
+      return request(self, method, params, handler, ...)
+    end
+  end,
+})
+
 local notify = vim.notify
 vim.notify = function(msg, level, opts)
   probe.log[#probe.log + 1] = { kind = 'notify', msg = msg, level = level }

@@ -128,6 +128,8 @@ def test_draft_updates_ghost_before_final_answer(open_editor, path):
     last_draft = log[max(i for i in drafts if i < answered[-1])]
     assert last_draft["final"], "the last draft before the answer must be the final one"
     assert final_ghost["text"] == last_draft["text"], "the answer replaces the draft and equals the final draft"
+    answer = [e for e in log if e["kind"] == "answer"][-1]
+    assert final_ghost["text"] == answer["text"], "what is on screen once the answer is in is that answer"
 
 
 def test_rewrite_range_applies_server_edit(open_editor):
