@@ -1,12 +1,12 @@
 """`llada-lab eval-next-edit`: next-edit suggestions on held-out commits, scored per configuration.
 
 The cases (data/next_edit/cases.jsonl.gz, cut by training/edit_pairs.py from repositories training
-never saw) are replayed against the real server over stdio exactly as an editor would: one server per
-configuration, reused across cases; per case didOpen of the file before the history, one incremental
-didChange per history edit, `llada/nextEdit` at the cursor, the answer's edits applied, didClose.
-Configurations: the shipped model, a fine-tuned one (--model), "rewrite the window without history"
-(the shipped model with `nextEditHistory: false`), the fine-tuned one without history (what the
-history adds to it) and "always silent" (no server). Scores (exact match
+never saw) are replayed against the real server over stdio exactly as an editor would (through
+llada_lsp/lsp_client.py): one server per configuration, reused across cases; per case didOpen of the
+file before the history, one incremental didChange per history edit, `llada/nextEdit` at the cursor,
+the answer's edits applied, didClose. Configurations: the shipped model, a fine-tuned one (--model),
+"rewrite the window without history" (the shipped model with `nextEditHistory: false`), the fine-tuned
+one without history (what the history adds to it) and "always silent" (no server). Scores (exact match
 of the changed region, delta-chrF, silent-when-right precision/recall, reversal rate, parse kept,
 p50/p95 time to the answer) are training/eval_next_edit.py; the sign test compares configurations
 case by case on exact match.
