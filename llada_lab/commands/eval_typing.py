@@ -6,8 +6,9 @@ runs); a simulated user (training/eval_typing.py) takes a suggestion that matche
 characters with Tab with probability 1/2 (the accepted text inserted as one edit), else types on. The
 replay waits for every answer, but charges its time: keystrokes are paced at `--interval-ms` (120),
 and an answer that arrives after the next keystroke would have been typed counts as not shown. Both
-configurations' servers run side by side, and each span is typed through one, then the other.
-Forwards per request come from the server's log line for the request; times from the client side.
+configurations' servers run side by side (spoken to through llada_lsp/lsp_client.py), and each span
+is typed through one, then the other. Forwards per request come from the server's log line for the
+request; times from the client side, from sending the request to reading its answer or first draft.
 """
 
 from __future__ import annotations
