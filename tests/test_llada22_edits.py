@@ -76,3 +76,27 @@ def test_a_deleted_word_closes_the_gap():
     # x gone, everything after it one place left, the block padded with a mask at its end (past the region)
     assert drafts[0].generated == [A, B, C, EOS, EOS, EOS] and drafts[0].block_tokens[-1] == MASK
     assert gen.result.tokens == [A, B, C, EOS]
+
+
+def test_a_draft_the_model_confirms_costs_one_forward_for_its_blocks(monkeypatch):
+    """A draft over three blocks that the model keeps as it is: one forward decides its two mask-free
+    blocks and the first step of the third (whose tail is masks, filled then), one more confirms the
+    third; one block per forward takes four. Same tokens either way."""
+    from llada_lsp.engine import sequence
+
+    def keep(token: int, before: int) -> int:
+        return EOS if token == MASK else token
+
+    prompt, draft = [7, 8, 7, 8], [1 + i % 9 for i in range(70)]
+    results, blocks = {}, sequence.DRAFT_LOOKAHEAD
+    for lookahead in (blocks, 1):
+        monkeypatch.setattr(sequence, "DRAFT_LOOKAHEAD", lookahead)
+        for use_cache in (True, False):
+            gen = Engine(Scripted(keep), cache_mb=1, use_cache=use_cache).generation(
+                prompt, 72, "speed", init_ids=draft
+            )
+            gen.run()
+            results[lookahead, use_cache] = gen.result
+    fast, slow = results[blocks, True], results[1, True]
+    assert fast.tokens == slow.tokens == draft + [EOS] and all(r.tokens == fast.tokens for r in results.values())
+    assert (fast.steps, slow.steps) == (2, 4)

@@ -98,22 +98,28 @@ def test_a_batch_decodes_each_row_as_alone(models):
         assert traces[i] == case["trace"], i
 
 
-def test_a_draft_and_a_constrained_first_token_decode_alike_with_and_without_the_cache(models):
-    """A rewrite's draft (init_ids) and token healing's first_allowed under the InDel rule: the draft's
-    tokens are editable (DELETE/INSERT shift them), the first generated position keeps its constraint,
-    the cached engine and the recompute loop agree, and no edit id comes out."""
-    model = models[torch.float64]
-    prompt, draft = list(range(100, 140)), [316, 248, 30, 376, 316, 172, 51, 414]
-    outs = []
-    for use_cache in (True, False):
-        gen = Engine(model, use_cache=use_cache).generation(
-            prompt, 40, "speed", init_ids=draft, first_allowed=[248, 30]
-        )
+def test_a_draft_and_a_constrained_first_token_decode_alike_with_and_without_the_cache(models, monkeypatch):
+    """A rewrite's draft (init_ids: the model's own answer to case 2, so it keeps most of it) and token
+    healing's first_allowed under the InDel rule: the first generated position keeps its constraint,
+    the cached engine, the recompute loop and one block per forward (no draft lookahead) agree, and
+    no edit id comes out. (Block 1 here ends in a cleanup that changes it, which the next block's
+    lookahead step must not build on: the recompute loop once did.)"""
+    from llada_lsp.engine import sequence
+
+    model, case = models[torch.float64], CASES[2]
+    prompt, draft = case["prompt"], case["tokens"][:30]  # fills block 1's generated part and more
+    outs, steps = [], []
+    for lookahead, use_cache in ((sequence.DRAFT_LOOKAHEAD, True), (sequence.DRAFT_LOOKAHEAD, False), (1, True)):
+        monkeypatch.setattr(sequence, "DRAFT_LOOKAHEAD", lookahead)
+        gen = Engine(model, use_cache=use_cache).generation(prompt, 56, "speed", init_ids=draft,
+                                                            first_allowed=[draft[0], 30])  # fmt: skip
         drafts = list(gen)
-        outs.append((gen.result.tokens, [d.block_tokens for d in drafts]))
-        assert gen.result.tokens[0] in (248, 30)
+        outs.append(gen.result.tokens)
+        steps.append(gen.result.steps)
+        assert gen.result.tokens[0] in (draft[0], 30)
         assert all(DELETE not in d.generated and SPLIT not in d.generated for d in drafts)
-    assert outs[0] == outs[1]
+    assert outs[0] == outs[1] == outs[2]
+    assert steps[0] == steps[1] <= steps[2]
 
 
 def test_make_rebuilds_these_exact_weights():

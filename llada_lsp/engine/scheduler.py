@@ -271,7 +271,7 @@ class Scheduler:
             packed = self._device_step(ints, limits, allowed, width, S, visible, D, varlen)
         host = packed.tolist()  # the one host read of the step (it waits for the forward)
         if self.indel:
-            return self._apply_indel(rows, spans, host, D, events)
+            return self._apply_indel(rows, spans, outside, host, D, events)
         for entry, (start, _), skip, row in zip(rows, spans, outside, host):
             if not row[4 * D]:
                 entry.seq.fail(BadLogits(f"the model produced NaN or infinite logits at step {entry.seq.result.steps + 1} "
@@ -282,18 +282,20 @@ class Scheduler:
             events.append(Event(entry.id, draft=draft))
         self._count(rows)
 
-    def _apply_indel(self, rows: list[_Entry], spans, host: list[list[int]], D: int, events: list[Event]) -> None:
-        """LLaDA2.2's rows: each position's ranked candidates (ids, then probabilities as float64 bits),
-        and the rule applied on the host, row by row (Sequence.apply_indel)."""
+    def _apply_indel(self, rows: list[_Entry], spans, outside: list[int], host: list[list[int]], D: int,
+                     events: list[Event]) -> None:  # fmt: skip
+        """LLaDA2.2's rows: each of the D positions' ranked candidates (ids, then probabilities as float64
+        bits), the first `outside` of a row's not its own, and the rule applied on the host, row by row
+        (Sequence.apply_indel)."""
         K = self.indel_k
-        for entry, (start, _), row in zip(rows, spans, host):
+        for entry, (start, _), skip, row in zip(rows, spans, outside, host):
             if not row[2 * K * D]:
                 entry.seq.fail(BadLogits(f"the model produced NaN or infinite logits at step {entry.seq.result.steps + 1} "
                                          f"(block {entry.seq.b}): its weights or its precision are broken"))  # fmt: skip
                 continue
             probs = torch.tensor(row[K * D : 2 * K * D], dtype=torch.int64).view(torch.float64).tolist()
-            ids = [row[i * K : (i + 1) * K] for i in range(D)]
-            draft = entry.seq.apply_indel(start, ids, [probs[i * K : (i + 1) * K] for i in range(D)])
+            ids = [row[i * K : (i + 1) * K] for i in range(skip, D)]
+            draft = entry.seq.apply_indel(start, ids, [probs[i * K : (i + 1) * K] for i in range(skip, D)])
             events.append(Event(entry.id, draft=draft))
         self._count(rows)
 
@@ -320,7 +322,8 @@ class Scheduler:
             constrain_first(logits, allowed, at)
         if self.indel:  # LLaDA2.2: the rule runs on the host over each position's ranked candidates
             cand_ids, cand_p = indel_candidates(logits, self.indel_k)  # [B, D, K] each
-            finite = cand_p[..., 0].isfinite().all(1, keepdim=True).long()
+            theirs = torch.arange(D, device=ints.device)[None, :] >= outside[:, None]  # [B, D]: the row's own
+            finite = (cand_p[..., 0].isfinite() | ~theirs).all(1, keepdim=True).long()
             bits = cand_p.double().contiguous().view(torch.int64)  # exact probabilities through the one host read
             return torch.cat([cand_ids.flatten(1), bits.flatten(1), finite], dim=1)
         slot = torch.arange(D, device=ints.device)[None, :] - outside[:, None]  # [B, D]: < 0 outside the row's

@@ -158,7 +158,7 @@ class Sequence:
         forward, not one per block; the step is used only if the blocks before it close (apply).
         Cold starts always decide 1 block: the reference's loop, forward for forward."""
         s, bs = self.settings, self.bs
-        if not s.init_ids or s.max_post_steps < 1 or self.n_masked or self.indel:
+        if not s.init_ids or self.n_masked or (s.max_post_steps < 1 and not self.indel):
             return 1
         n, end = 1, self.P + s.gen_length
         while n < DRAFT_LOOKAHEAD and self.b + n < self.n_blocks:
@@ -210,14 +210,26 @@ class Sequence:
         return draft
 
     def apply_indel(self, start: int, ids: list[list[int]], probs: list[list[float]]) -> Draft:
-        """The forward over [start, end) ran; the active block's ranked candidates per position
-        (policy.indel_candidates). One step of JointThresholdInDel: the block's content shifts, its
-        length stays. The block closes when the rule says it is final; if that step changed its ids, its
-        K/V are not those of the final tokens, so the next forward runs it again (`valid` stays at its
-        start): the one more forward the cleanup costs, fused with the next block's first step."""
+        """The forward over [start, end) ran; the ranked candidates per position (policy.indel_candidates)
+        of the blocks it decided (`ahead`: block size each, the active block's first). A block after the
+        active one takes its step only if every block before it closed in this step with its ids
+        unchanged: only then did this forward show it the tokens it would see after the close."""
         if self.use_cache and start < self.lo:
             self.result.refreshed_blocks += 1
         self.result.steps += 1
+        bs, first = self.bs, self.b
+        draft = self._indel_step(ids[:bs], probs[:bs])
+        for k in range(1, len(ids) // bs):
+            if self.finished or self.b != first + k or self.result.blocks[-1].last_forward_changed_tokens:
+                break  # the block before is still open, or its last step (a cleanup) changed what this one saw
+            draft = self._indel_step(ids[k * bs : (k + 1) * bs], probs[k * bs : (k + 1) * bs])
+        return draft
+
+    def _indel_step(self, ids: list[list[int]], probs: list[list[float]]) -> Draft:
+        """One step of JointThresholdInDel on the active block: its content shifts, its length stays.
+        The block closes when the rule says it is final; if that step changed its ids, its K/V are not
+        those of the final tokens, so the next forward runs it again (`valid` stays at its start): the
+        one more forward the cleanup costs, fused with the next block's first step."""
         self.valid = self.lo if self.use_cache else 0
         s, lo, hi = self.settings, self.lo, self.hi
         out = indel_step(s.policy, self.indel_block, self.host[lo:hi], ids, probs, s.mask_id, *s.edit_ids,
