@@ -258,13 +258,27 @@ def test_the_screen_ends_on_the_final_answer_not_a_draft(open_editor, path, name
     editor = open_editor(env={"LLADA_LSP_TEST_STEP_DELAY_MS": "200"}, inline_mode="quality",
                          force_fallback=path == "fallback")  # fmt: skip
     editor.open(name, source)
-    editor.nvim.input(keys)
-    shown = editor.wait_ghost()
-    answers = editor.events("answer")
-    drafts = [e for e in editor.events("draft") if e["text"]]
-    assert answers and answers[-1].get("error") is None, answers
-    assert drafts, "no draft with text was drawn before the answer"
-    assert shown["text"] == answers[-1]["text"], f"on screen {shown['text']!r}, the answer {answers[-1]['text']!r}"
-    assert shown["source"] == ("builtin" if path == "builtin" else "llada"), shown
-    row, col = editor.cursor()
-    assert (shown["row"], shown["col"]) == (row - 1, col), shown
+    screen = editor.screen()
+    try:
+        editor.nvim.input(keys)
+        shown = editor.wait_ghost()
+        answers = editor.events("answer")
+        drafts = [e for e in editor.events("draft") if e["text"]]
+        assert answers and answers[-1].get("error") is None, answers
+        assert drafts, "no draft with text was drawn before the answer"
+        answer = answers[-1]["text"]
+        assert shown["text"] == answer, f"the ghost text is {shown['text']!r}, the answer {answer!r}"
+        assert shown["source"] == ("builtin" if path == "builtin" else "llada"), shown
+        row, col = editor.cursor()
+        assert (shown["row"], shown["col"]) == (row - 1, col), shown
+        # As a terminal paints it: the line typed, the answer's first line after it, its other lines below.
+        first, *below = answer.split("\n")
+        painted = [editor.lines()[row - 1] + first, *below]
+
+        def on_screen() -> bool:
+            rows = screen.text().split("\n")
+            return any(rows[i : i + len(painted)] == painted for i in range(len(rows)))
+
+        wait_for(on_screen, f"{painted!r} painted", 10, screen.text)
+    finally:
+        screen.close()
