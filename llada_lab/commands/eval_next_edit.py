@@ -50,7 +50,7 @@ def apply_answer(doc: Document, result: Any, encoding: str) -> str | None:
     return edited(doc, result["edits"], encoding)
 
 
-class Session:
+class CaseRunner:
     """One configuration's server (lsp_client.py): initialized once, then each case opened, edited,
     asked and closed."""
 
@@ -59,7 +59,7 @@ class Session:
         self._n = 0
 
     @classmethod
-    async def start(cls, command: list[str], options: dict, timeout: float) -> Session:
+    async def start(cls, command: list[str], options: dict, timeout: float) -> CaseRunner:
         client = await LspClient.start(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         capabilities = {"textDocument": {"synchronization": {"dynamicRegistration": False}}}
         await client.initialize(capabilities, options, timeout=timeout)
@@ -100,7 +100,7 @@ async def run_configuration(
 ) -> tuple[list[str | None], list[float], list[str]]:
     """Every case through one server: the suggested texts, the seconds each took, the errors met.
     A warm-up request first (its model load is not timed)."""
-    session = await Session.start(command, options, timeout)
+    session = await CaseRunner.start(command, options, timeout)
     predicted, seconds, errors = [], [], []
     try:
         await session.ask(WARM_UP)

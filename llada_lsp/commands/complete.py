@@ -29,7 +29,7 @@ SPOT = re.compile(r"^(?P<file>.+):(?P<line>\d+):(?P<col>\d+)$")
 SPAN = re.compile(r"^(?P<file>.+):(?P<l1>\d+):(?P<c1>\d+)-(?P<l2>\d+):(?P<c2>\d+)$")
 
 
-class Session:
+class HeadlessEditor:
     """One server process, one open document, as an editor holds them (lsp_client.py speaks for it)."""
 
     def __init__(self, doc: Document, path: Path, args: argparse.Namespace, options: dict[str, Any]):
@@ -40,7 +40,7 @@ class Session:
         self.state: dict[str, Any] = {}
         self._state_changed = asyncio.Event()
 
-    async def __aenter__(self) -> Session:
+    async def __aenter__(self) -> HeadlessEditor:
         server = [sys.executable, "-m", "llada_lsp", "serve", "--log-level", self.args.log_level or "warning"]
         for flag in ("model", "device", "dtype", "threads", "engine", "token_file"):
             if getattr(self.args, flag, None):
@@ -223,7 +223,7 @@ def complete_main(argv: list[str] | None = None) -> int:
 
 
 async def _complete(doc: Document, path: Path, line: int, col: int, args, options) -> int:
-    async with Session(doc, path, args, options) as session:
+    async with HeadlessEditor(doc, path, args, options) as session:
         params = {
             "textDocument": {"uri": session.doc.uri},
             "position": session.position(line, col),
@@ -276,7 +276,7 @@ def rewrite_main(argv: list[str] | None = None) -> int:
 
 async def _rewrite(doc: Document, path: Path, span: tuple[int, int, int, int], args, options) -> int:
     original = doc.text  # the session applies the edit to `doc`
-    async with Session(doc, path, args, options) as session:
+    async with HeadlessEditor(doc, path, args, options) as session:
         l1, c1, l2, c2 = span
         argument = {
             "textDocument": {"uri": session.doc.uri, "version": session.doc.version},

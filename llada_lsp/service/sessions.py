@@ -65,7 +65,7 @@ class Rejected(Exception):
 
 
 @dataclass(eq=False)
-class Session:
+class Connection:
     """One connection that said hello: who it is, and its requests in flight (wire id -> ticket)."""
 
     id: int
@@ -106,7 +106,7 @@ class EngineService:
         """`modes`: the decoding presets requests may name; `token`: the secret every hello must carry
         (None: no check, for a socket only its owner can open)."""
         self.worker, self.modes, self.token = worker, tuple(modes), token
-        self.sessions: dict[int, Session] = {}
+        self.sessions: dict[int, Connection] = {}
         self._ids = itertools.count(1)
         self._load_report: tuple[str, int] | None = None
         self._connections: set[asyncio.Task] = set()
@@ -132,7 +132,7 @@ class EngineService:
             logger.error("cannot load the model %s: %s", spec.name, self.worker.error)
         self.push_status()
 
-    def status(self, session: Session | None = None) -> wire.Status:
+    def status(self, session: Connection | None = None) -> wire.Status:
         """The status as `session` may see it: its own requests in flight as `queue`, and the backend's
         figures (every client's work together: they would tell one client about another's text, as a
         prefix-cache hit does) only for a session granted the totals (None: the totals)."""
@@ -150,7 +150,7 @@ class EngineService:
         for session in list(self.sessions.values()):
             self._push(session)
 
-    def _push(self, session: Session) -> None:
+    def _push(self, session: Connection) -> None:
         if self.sessions.get(session.id) is not session or session.push_later is not None:
             return
         status = self.status(session)
@@ -226,7 +226,7 @@ class EngineService:
             more = f"; {cancelled} requests cancelled" if cancelled else ""
             logger.log(level, "%s: %s%s", name, reason, more)
 
-    async def _answer_after_half_close(self, session: Session, writer: asyncio.StreamWriter) -> int:
+    async def _answer_after_half_close(self, session: Connection, writer: asyncio.StreamWriter) -> int:
         """Waits for the requests in flight to be answered, unless the peer is gone altogether (its
         answers would go nowhere: they are cancelled, as for any closed connection); how many were."""
         waiting = len(session.pending)
@@ -239,7 +239,7 @@ class EngineService:
                 pass
         return waiting - len(session.pending)  # the answers are flushed as the writer closes
 
-    async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Session:
+    async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Connection:
         if self._ungreeted >= MAX_UNGREETED:
             raise Rejected("busy", f"{MAX_UNGREETED} connections are already waiting to say hello")
         self._ungreeted += 1
@@ -257,7 +257,7 @@ class EngineService:
         if hello.version != wire.VERSION:
             raise Rejected("version", f"this engine speaks protocol version {wire.VERSION}, the client {hello.version}")
         totals = bool(hello.totals) and same_user(writer)
-        session = Session(next(self._ids), printable(hello.client, 80) or "client", writer, totals)
+        session = Connection(next(self._ids), printable(hello.client, 80) or "client", writer, totals)
         session.track()
         self.sessions[session.id] = session
         worker = self.worker
@@ -267,7 +267,7 @@ class EngineService:
         self.push_status()  # the others' client count
         return session
 
-    def _dispatch(self, session: Session, message: wire.Message) -> None:
+    def _dispatch(self, session: Connection, message: wire.Message) -> None:
         if isinstance(message, (wire.Infill, wire.Rewrite, wire.NextEdit)):
             self._submit(session, message)
         elif isinstance(message, wire.Cancel):
@@ -279,7 +279,7 @@ class EngineService:
         else:
             raise wire.WireError(f"a client does not send {message.type}")
 
-    def _answer_status(self, session: Session) -> None:
+    def _answer_status(self, session: Connection) -> None:
         """A status ask; asks faster than one per STATUS_INTERVAL are answered once, at its end: a flood
         of asks costs the loop (shared with every client) one status per interval, not one per frame."""
         wait = session.asked_at + STATUS_INTERVAL - time.monotonic()
@@ -294,7 +294,7 @@ class EngineService:
 
             session.ask_later = asyncio.get_running_loop().call_later(wait, later)
 
-    def _drop(self, session: Session) -> int:
+    def _drop(self, session: Connection) -> int:
         """Forgets a closed connection and cancels its requests; how many there were."""
         self.sessions.pop(session.id, None)
         tickets = list(session.pending.values())
@@ -316,7 +316,7 @@ class EngineService:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # --- requests -------------------------------------------------------------------------------
-    def _submit(self, session: Session, request: wire.Infill | wire.Rewrite | wire.NextEdit) -> None:
+    def _submit(self, session: Connection, request: wire.Infill | wire.Rewrite | wire.NextEdit) -> None:
         problem = self._problem(session, request)
         if problem is not None:
             session.send(wire.Failed(request.id, "bad_request", problem))
@@ -345,7 +345,7 @@ class EngineService:
         ticket.when_done(lambda _: self._answer(session, request_id, ticket))  # after its drafts
         self._push(session)
 
-    def _busy(self, session: Session) -> str | None:
+    def _busy(self, session: Connection) -> str | None:
         """Why a new request of `session` is refused, or None. Past `capacity` requests in flight (all
         connections), a connection may still add up to its fair share (capacity / connections with
         requests in flight): a burst on one connection never makes another's single request busy."""
@@ -359,7 +359,7 @@ class EngineService:
         return (f"the engine is busy: {in_flight} requests are in flight, {len(session.pending)} of them this "
                 f"connection's (its share is {share})")  # fmt: skip
 
-    def _problem(self, session: Session, request: wire.Infill | wire.Rewrite | wire.NextEdit) -> str | None:
+    def _problem(self, session: Connection, request: wire.Infill | wire.Rewrite | wire.NextEdit) -> str | None:
         if request.id in session.pending:
             return f"request {request.id} is already in flight"
         if request.mode not in self.modes:
@@ -368,7 +368,7 @@ class EngineService:
             return "max_tokens and context_tokens must be positive"
         return None
 
-    def _answer(self, session: Session, request_id: int, ticket: Ticket) -> None:
+    def _answer(self, session: Connection, request_id: int, ticket: Ticket) -> None:
         if session.pending.get(request_id) is not ticket:  # the connection closed: nobody to tell
             return
         del session.pending[request_id]
