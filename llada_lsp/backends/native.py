@@ -1,7 +1,7 @@
 """The native backend: the model loaded in this process and its engine's scheduler, behind the
 pipeline's neutral generation requests (`NativeBatch`), driven by the model thread (runtime/worker.py).
 
-Owns loading (weights, tokenizer, warm-up) and the mapping of GenerationRequest onto engine Settings
+Owns loading (weights, tokenizer, warm-up) and the mapping of GenerationRequest onto the engine's DecodeSettings
 and of the engine's drafts and results back. Knows nothing of plans' text, sockets or the LSP.
 """
 

@@ -16,9 +16,9 @@ from ..model import LLaDA2
 from .cache import BlockCache
 from .policy import INDEL_PRESETS, PRESETS, JointThreshold, JointThresholdInDel
 from .scheduler import Scheduler
-from .sequence import BlockStats, CancelFlag, Draft, GenerationResult, Settings
+from .sequence import BlockStats, CancelFlag, DecodeSettings, GenerationResult, StepDraft
 
-__all__ = ["BlockStats", "CancelFlag", "Draft", "Engine", "Generation", "GenerationResult", "generate"]
+__all__ = ["BlockStats", "CancelFlag", "StepDraft", "Engine", "Generation", "GenerationResult", "generate"]
 
 CPU_CACHE_MB = 256  # on CUDA: a quarter of the device's free memory when the engine starts
 
@@ -26,11 +26,11 @@ CPU_CACHE_MB = 256  # on CUDA: a quarter of the device's free memory when the en
 class Generation:
     """Iterate for drafts; `result` is set once iteration ends (normally, by EOS, or by cancel)."""
 
-    def __init__(self, engine: Engine, settings: Settings):
+    def __init__(self, engine: Engine, settings: DecodeSettings):
         self.engine, self.settings = engine, settings
         self.result: GenerationResult | None = None
 
-    def __iter__(self) -> Iterator[Draft]:
+    def __iter__(self) -> Iterator[StepDraft]:
         return self.engine._run(self)
 
     def run(self) -> GenerationResult:
@@ -68,7 +68,7 @@ class Engine:
         """One sequence, stepped as it is iterated (the arguments are `settings`'s)."""
         return self.start(self.settings(*args, **kwargs))
 
-    def start(self, settings: Settings) -> Generation:
+    def start(self, settings: DecodeSettings) -> Generation:
         return Generation(self, settings)
 
     def settings(
@@ -84,7 +84,7 @@ class Engine:
         init_ids: list[int] | None = None,
         first_allowed: list[int] | None = None,
         priority: int = 0,
-    ) -> Settings:
+    ) -> DecodeSettings:
         """`init_ids` start the generated region as a draft instead of masks (positions after them are
         masked): the policy's T2T rule revises the draft and an EOS may shrink it (rewriting a selection).
         `first_allowed`: the only ids the first generated position may hold (token healing: the prompt's
@@ -132,10 +132,10 @@ class Engine:
                 raise ValueError("first_allowed must be a non-empty list of ids inside the vocabulary")
             allowed = torch.zeros(config.vocab_size, dtype=torch.bool, device=self.model.device)
             allowed[torch.tensor(first_allowed, device=self.model.device)] = True
-        return Settings(list(prompt_ids), gen_length, policy, max_post_steps, eos_early_stop, mask_id, eos_id, cancel,
+        return DecodeSettings(list(prompt_ids), gen_length, policy, max_post_steps, eos_early_stop, mask_id, eos_id, cancel,
                         init_ids, allowed, priority, edit_ids)  # fmt: skip
 
-    def _run(self, gen: Generation) -> Iterator[Draft]:
+    def _run(self, gen: Generation) -> Iterator[StepDraft]:
         scheduler = self.scheduler
         if not scheduler.idle():
             raise RuntimeError("Engine.generation runs one sequence at a time: the scheduler is serving others")

@@ -30,7 +30,7 @@ from .cache import (
     row_descriptor,
 )
 from .policy import INDEL_CANDIDATES, indel_candidates, joint_threshold
-from .sequence import Draft, GenerationResult, Sequence, Settings
+from .sequence import DecodeSettings, GenerationResult, Sequence, StepDraft
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Event:
     """What one step did for one sequence: a draft, or the end (result set; error set if it failed)."""
 
     id: int
-    draft: Draft | None = None
+    draft: StepDraft | None = None
     result: GenerationResult | None = None
     error: Exception | None = None
 
@@ -104,11 +104,11 @@ class Scheduler:
         self._order = itertools.count()
 
     # --- verbs -------------------------------------------------------------------------------------
-    def add(self, settings: Settings) -> int:
+    def add(self, settings: DecodeSettings) -> int:
         if len(self.waiting) >= self.max_queue:
             raise Busy(f"the engine is busy: {len(self.waiting)} requests are already waiting")
         seq = Sequence(settings, self.block_size, self.use_cache)
-        if seq.indel != self.indel:  # Engine.settings makes them agree; a hand-made Settings may not
+        if seq.indel != self.indel:  # Engine.settings makes them agree; a hand-made DecodeSettings may not
             raise ValueError(f"a {type(settings.policy).__name__} sequence for a model whose rule is "
                              f"{self.model.config.family.decoding_rule}")  # fmt: skip
         if seq.n_blocks > self.cache.pages - 1:

@@ -26,7 +26,7 @@ class CancelFlag(Protocol):
 
 
 @dataclass(frozen=True)
-class Draft:
+class StepDraft:
     """The state after one denoising step."""
 
     step: int  # denoising forwards so far in this generation (1-based)
@@ -71,7 +71,7 @@ class GenerationResult:
 
 
 @dataclass(frozen=True)
-class Settings:
+class DecodeSettings:
     """A validated generation request (Engine.generation checks it)."""
 
     prompt: list[int]
@@ -93,7 +93,7 @@ class Sequence:
     whether it runs in the next one (False: finished, `result` set); `queries()` the positions to
     run; `apply(...)` takes that forward's decisions for its active block and returns the draft."""
 
-    def __init__(self, settings: Settings, block_size: int, use_cache: bool = True):
+    def __init__(self, settings: DecodeSettings, block_size: int, use_cache: bool = True):
         self.settings, self.bs, self.use_cache = settings, block_size, use_cache
         s = settings
         self.P = P = len(s.prompt)
@@ -102,7 +102,7 @@ class Sequence:
         # a draft (init_ids) is editable, never frozen like the prompt
         self.host = s.prompt + list(s.init_ids) + [s.mask_id] * (self.n_blocks * block_size - P - len(s.init_ids))
         self.result = GenerationResult(tokens=[], steps=0)
-        self.confidence = [0.0] * s.gen_length  # per generated position, as Draft.confidence
+        self.confidence = [0.0] * s.gen_length  # per generated position, as StepDraft.confidence
         self.started = time.perf_counter()
         self.valid = 0  # K/V of positions [0, valid) in the sequence's pages match the canvas
         self.finished = False
@@ -172,7 +172,7 @@ class Sequence:
         return n
 
     def apply(self, start: int, tokens: list[int], filled: list[bool], edited: list[bool],
-              confidence: list[float]) -> Draft:  # fmt: skip
+              confidence: list[float]) -> StepDraft:  # fmt: skip
         """The forward over [start, end) ran; its decisions for the blocks it decided (`ahead`: N = block
         size each, the active block's first) and the confidence of each position's greedy id. A block
         after the active one takes its step only if every block before it closed in this step."""
@@ -190,7 +190,7 @@ class Sequence:
             draft = self._step(tokens[cut], filled[cut], edited[cut], confidence[cut])
         return draft
 
-    def _step(self, tokens: list[int], filled: list[bool], edited: list[bool], confidence: list[float]) -> Draft:
+    def _step(self, tokens: list[int], filled: list[bool], edited: list[bool], confidence: list[float]) -> StepDraft:
         """The active block's decisions of this forward: the canvas, the cache's valid prefix, the draft."""
         self.valid = self.lo if self.use_cache else 0
         lo, hi, bs = self.lo, self.hi, self.bs
@@ -202,14 +202,14 @@ class Sequence:
         P, end = self.P, min(hi, self.P + self.settings.gen_length)
         for i in range(max(lo, P), end):
             self.confidence[i - P] = confidence[i - lo]
-        draft = Draft(self.result.steps, self.b, list(tokens), fills, edits, self.host[P:end],
+        draft = StepDraft(self.result.steps, self.b, list(tokens), fills, edits, self.host[P:end],
                       self.confidence[: max(end - P, 0)])  # fmt: skip
         was_mask_free, self.n_masked = self.n_masked == 0, self.host[lo:hi].count(self.settings.mask_id)
         if was_mask_free and not self.changed:
             self._close_block()
         return draft
 
-    def apply_indel(self, start: int, ids: list[list[int]], probs: list[list[float]]) -> Draft:
+    def apply_indel(self, start: int, ids: list[list[int]], probs: list[list[float]]) -> StepDraft:
         """The forward over [start, end) ran; the ranked candidates per position (policy.indel_candidates)
         of the blocks it decided (`ahead`: block size each, the active block's first). A block after the
         active one takes its step only if every block before it closed in this step with its ids
@@ -225,7 +225,7 @@ class Sequence:
             draft = self._indel_step(ids[k * bs : (k + 1) * bs], probs[k * bs : (k + 1) * bs])
         return draft
 
-    def _indel_step(self, ids: list[list[int]], probs: list[list[float]]) -> Draft:
+    def _indel_step(self, ids: list[list[int]], probs: list[list[float]]) -> StepDraft:
         """One step of JointThresholdInDel on the active block: its content shifts, its length stays.
         The block closes when the rule says it is final; if that step changed its ids, its K/V are not
         those of the final tokens, so the next forward runs it again (`valid` stays at its start): the
@@ -241,7 +241,7 @@ class Sequence:
         for i in range(max(lo, P), end):
             self.confidence[i - P] = out.confidence[i - lo]
         generated, confidence = self.shown(self.host[P:end], self.confidence[: max(end - P, 0)])
-        draft = Draft(self.result.steps, self.b, list(out.tokens), out.filled, out.edited, generated, confidence)
+        draft = StepDraft(self.result.steps, self.b, list(out.tokens), out.filled, out.edited, generated, confidence)
         self.n_masked = out.tokens.count(s.mask_id)
         if out.done:
             self.post = self.indel_block.post_edit_steps

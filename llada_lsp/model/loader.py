@@ -26,7 +26,7 @@ from .config import LLaDA2Config
 from .family import EDIT_KEYS
 from .files import EMBEDDED_MODEL, SIZE_KEYS, check_sizes, resolve_path, stored_shapes, weight_files  # noqa: F401
 from .llada2 import LLaDA2, compute_dtype
-from .plan import LAYER_OF_NAME, ModelShape, Plan, device_of_slots, fmt_bytes, plan_of, render, slot_of
+from .plan import LAYER_OF_NAME, MemoryPlan, ModelShape, device_of_slots, fmt_bytes, plan_of, render, slot_of
 
 logger = logging.getLogger("llada_lsp.model")
 
@@ -128,7 +128,7 @@ def check_shapes(expected: dict[str, tuple[int, ...]], stored: dict[str, tuple[t
 
 
 def check_plan(config: LLaDA2Config, stored: dict[str, tuple[tuple[int, ...], str]], devices: list[torch.device],
-               dtype: torch.dtype, quantize: str | None, folder: Path) -> Plan:  # fmt: skip
+               dtype: torch.dtype, quantize: str | None, folder: Path) -> MemoryPlan:  # fmt: skip
     """The memory plan of this load (`llada-lsp plan`'s: the weights as they will be held, and one
     sequence of the model's full length of K/V, the least the engine allocates), checked against the
     devices' free memory before anything is allocated."""
@@ -142,7 +142,7 @@ def check_plan(config: LLaDA2Config, stored: dict[str, tuple[tuple[int, ...], st
     return plan
 
 
-def hops_of(plan: Plan, devices: list[torch.device], n_layers: int) -> dict[int, torch.device]:
+def hops_of(plan: MemoryPlan, devices: list[torch.device], n_layers: int) -> dict[int, torch.device]:
     """Where a split model changes device: the first layer on each next device (n_layers: the head)."""
     index = device_of_slots(plan)
     labels = ["embed", *map(str, range(n_layers)), "head"]

@@ -128,7 +128,7 @@ class DevicePlan:
 
 
 @dataclass(frozen=True)
-class Plan:
+class MemoryPlan:
     model: str
     source: str  # "config.json" or "safetensors headers"
     dtype: str
@@ -331,7 +331,7 @@ def read_model(model: str | Path | None) -> tuple[str, ModelShape, dict | None]:
 
 def make_plan(model: str | Path | None = None, devices: list[str] | None = None, memory: list[int | None] | None = None,
               dtype: str = "bfloat16", quantize: str | None = None, context: int | None = None,
-              batch: int = 1) -> Plan:  # fmt: skip
+              batch: int = 1) -> MemoryPlan:  # fmt: skip
     """The plan of `model` on `devices` (default one `cpu`); `memory` per device in bytes, or None to
     ask the device (free_memory). `context` defaults to the model's max_position_embeddings."""
     if quantize not in (None, "fp8"):
@@ -346,7 +346,7 @@ def make_plan(model: str | Path | None = None, devices: list[str] | None = None,
 
 
 def plan_of(name: str, shape: ModelShape, stored: dict | None, devices: list[str], memory: list[int | None] | None,
-            dtype: str, quantize: str | None, context: int | None, batch: int) -> Plan:  # fmt: skip
+            dtype: str, quantize: str | None, context: int | None, batch: int) -> MemoryPlan:  # fmt: skip
     """make_plan for a model already read (the loader has its config and headers in hand)."""
     if stored is None:
         source, slots = "config.json", weights_from_config(shape, dtype, quantize)
@@ -360,7 +360,7 @@ def plan_of(name: str, shape: ModelShape, stored: dict | None, devices: list[str
         mine = tuple(slots[j] for j in where)
         have = memory[i] if memory is not None and memory[i] is not None else free_memory(device)
         plans.append(DevicePlan(device, mine, kv_layer * sum(s.layer is not None for s in mine), have))
-    return Plan(name, source, dtype, quantize, context, batch, kv_bytes_per_token(shape, dtype), tuple(plans),
+    return MemoryPlan(name, source, dtype, quantize, context, batch, kv_bytes_per_token(shape, dtype), tuple(plans),
                 shape.family)  # fmt: skip
 
 
@@ -372,7 +372,7 @@ def slot_of(name: str) -> str:
     return m[1] if m is not None else "head"
 
 
-def device_of_slots(plan: Plan) -> dict[str, int]:
+def device_of_slots(plan: MemoryPlan) -> dict[str, int]:
     """Slot label -> the index of its device in the plan (the same device may be listed twice)."""
     return {s.label: i for i, d in enumerate(plan.devices) for s in d.slots}
 
@@ -400,7 +400,7 @@ def fmt_layers(layers: list[int]) -> str:
     return "-" if not layers else str(layers[0]) if len(layers) == 1 else f"{layers[0]}-{layers[-1]}"
 
 
-def render(plan: Plan) -> str:
+def render(plan: MemoryPlan) -> str:
     """The plan as a plain-text table: a row per part, a column per device (and a total column when
     there are several)."""
     experts = "fp8 routed experts (128x128 block scales), rest " if plan.quantize == "fp8" else ""
