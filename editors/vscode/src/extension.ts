@@ -5,11 +5,11 @@ import * as net from 'net';
 import * as vscode from 'vscode';
 import {
     CancellationToken, ClientCapabilities, DidChangeConfigurationNotification, ExecuteCommandRequest, LanguageClient,
-    LanguageClientOptions, ProgressToken, ServerOptions, State, StaticFeature, StreamInfo, TransportKind,
+    LanguageClientOptions, ProgressToken, ServerOptions, State, StaticFeature, StreamInfo,
     WorkDoneProgress, WorkDoneProgressCreateRequest,
 } from 'vscode-languageclient/node';
 import { Draft, DRAFT_METHOD } from './drafts';
-import { ACCEPTED_COMMAND, InlineCompletions } from './inline';
+import { ACCEPTED_COMMAND, DOCUMENTS, InlineCompletions } from './inline';
 import { ACCEPT_NEXT_EDIT, DISMISS_NEXT_EDIT, NEXT_EDIT_METHOD, NextEditAnswer, NextEdits, vscodeUi } from './nextEdit';
 import { EditReview } from './review';
 import { errorNotice, resultNotice, RewriteResult, showNotice } from './rewrite';
@@ -27,6 +27,9 @@ const SERVER_STATUS_COMMAND = 'llada.status';
 /** Commands the server advertises that this extension registers itself, adding the editor's state. */
 const OWN_SERVER_COMMANDS = new Set([REWRITE_COMMAND]);
 const STATUS_POLL_MS = 2000;
+const SHOW_OUTPUT = 'Show Output';
+/** How long the client is given to restart a failed server before the failure is notified. */
+const FAILURE_SETTLE_MS = 1000;
 
 /** The parts of the extension that outlive a server restart. */
 interface Shared {
@@ -34,13 +37,14 @@ interface Shared {
     review: EditReview;
     output: vscode.LogOutputChannel;
     trace: TraceChannel;
+    extensionId: string;
 }
 
 // VS Code calls deactivate() without the context, so the running extension has to be found here.
 let extension: LladaExtension | undefined;
 
 export function activate(context: vscode.ExtensionContext): void {
-    extension = new LladaExtension();
+    extension = new LladaExtension(context.extension.id);
     context.subscriptions.push(extension);
     // Not awaited: activation should not wait for the server's initialize answer.
     void extension.restart();
@@ -60,8 +64,9 @@ class LladaExtension implements vscode.Disposable {
     /** Restarts and stops run one after another, so two sessions never race for the server's commands. */
     private queue: Promise<void> = Promise.resolve();
 
-    constructor() {
+    constructor(extensionId: string) {
         this.shared = {
+            extensionId,
             status: new StatusIndicator(TOGGLE_COMMAND),
             review: new EditReview(),
             output: vscode.window.createOutputChannel('LLaDA', { log: true }),
@@ -130,11 +135,11 @@ class LladaExtension implements vscode.Disposable {
         const editor = vscode.window.activeTextEditor;
         const session = this.session;
         if (session === undefined || !session.client.isRunning()) {
-            void vscode.window.showWarningMessage('llada-lsp is not running; see the "LLaDA" output.');
+            void vscode.window.showWarningMessage('LLaDA: llada-lsp is not running; see the "LLaDA" output.');
             return;
         }
         if (editor === undefined || editor.selection.isEmpty) {
-            void vscode.window.showInformationMessage('Select the code to rewrite first.');
+            void vscode.window.showInformationMessage('LLaDA: select the code to rewrite first.');
             return;
         }
         const instruction = options?.instruction ?? await vscode.window.showInputBox({
@@ -166,6 +171,10 @@ class Session {
     private started: Promise<void> = Promise.resolve();
     private pollTimer: NodeJS.Timeout | undefined;
     private stopped = false;
+    private starting = false;
+    private failureTimer: NodeJS.Timeout | undefined;
+    /** Set while a rewrite waits for its proposal, which the review then shows. */
+    private proposalArrived: (() => void) | undefined;
 
     constructor(settings: LladaSettings, private readonly shared: Shared) {
         const { status, review } = shared;
@@ -181,9 +190,10 @@ class Session {
                 },
             },
             (uri) => this.client.code2ProtocolConverter.asUri(uri),
+            shared.extensionId,
         );
         const clientOptions: LanguageClientOptions = {
-            documentSelector: [{ scheme: 'file' }, { scheme: 'untitled' }],
+            documentSelector: DOCUMENTS,
             initializationOptions: toInitializationOptions(settings),
             outputChannel: shared.output,
             traceOutputChannel: shared.trace,
@@ -193,7 +203,10 @@ class Session {
                 // model a second time per keystroke and supersede the inline request.
                 provideCompletionItem: () => undefined,
                 workspace: {
-                    handleApplyEdit: (params, next) => review.review(params, (p) => next(p, CancellationToken.None)),
+                    handleApplyEdit: (params, next) => {
+                        this.proposalArrived?.();
+                        return review.review(params, (p) => next(p, CancellationToken.None));
+                    },
                 },
             },
         };
@@ -207,6 +220,9 @@ class Session {
             this.client.onDidChangeState((event) => {
                 if (event.newState === State.Running) {
                     void this.refreshStatus();
+                } else if (event.newState === State.Stopped && !this.stopped && !this.starting) {
+                    // Not asked to stop: the server exited (the client may restart it).
+                    this.failed('llada-lsp exited and was not restarted');
                 } else if (event.newState === State.Stopped && status.state !== 'error') {
                     status.setState('stopped');
                 }
@@ -232,18 +248,44 @@ class Session {
 
     start(): Promise<void> {
         this.shared.status.setState('starting');
-        // The client has already shown the failure in a message; the status item keeps the reason.
-        this.started = this.client.start().catch((error: unknown) => {
-            this.shared.status.setState('error', error instanceof Error ? error.message : 'see the "LLaDA" output');
-        });
+        this.starting = true;
+        this.started = this.client.start().then(
+            () => {
+                this.starting = false;
+            },
+            (error: unknown) => {
+                this.starting = false;
+                this.failed(`llada-lsp did not start (${error instanceof Error ? error.message : 'no reason given'})`);
+            },
+        );
         return this.started;
+    }
+
+    /** A server that did not start or went away is said in the status item at once and, in a notification,
+     *  once the client is done: it restarts a crashing server a few times, each failure with messages of its
+     *  own that name neither the server nor what to do, and ours comes last, on top of them. */
+    private failed(what: string): void {
+        this.shared.status.setState('error', what);
+        if (this.stopped) {
+            return;
+        }
+        this.shared.output.error(what);
+        clearTimeout(this.failureTimer);
+        this.failureTimer = setTimeout(() => {
+            // A server that crashed once is back by now: nothing to tell.
+            if (!this.stopped && !this.client.isRunning() && this.client.state !== State.Starting) {
+                void vscode.window.showErrorMessage(`LLaDA: ${what}. The "LLaDA" output has the server's messages.`, SHOW_OUTPUT)
+                    .then((choice) => choice === SHOW_OUTPUT && this.shared.output.show());
+            }
+        }, FAILURE_SETTLE_MS);
     }
 
     /** Disposes the session's listeners and returns the client's stop(). */
     async stop(): Promise<void> {
         this.stopped = true;
         clearTimeout(this.pollTimer);
-        this.inline.cancel();
+        clearTimeout(this.failureTimer);
+        this.inline.dispose();
         this.disposables.forEach((d) => d.dispose());
         // A client that is still starting cannot be stopped.
         await this.started;
@@ -281,7 +323,7 @@ class Session {
             }),
             vscode.window.onDidChangeTextEditorSelection((event) =>
                 nextEdits.moved(c2p.asUri(event.textEditor.document.uri), event.textEditor.document.version, at(event.textEditor))),
-            vscode.languages.registerInlineCompletionItemProvider([{ scheme: 'file' }, { scheme: 'untitled' }], {
+            vscode.languages.registerInlineCompletionItemProvider(DOCUMENTS, {
                 provideInlineCompletionItems: (document, position) => {
                     const item = nextEdits.inlineItem(c2p.asUri(document.uri), document.version,
                         { line: position.line, character: position.character }, document.lineAt(position.line).text);
@@ -309,23 +351,35 @@ class Session {
             ...(instruction === '' ? {} : { instruction }),
         };
         const workDoneToken = randomUUID();
-        return vscode.window.withProgress(
-            { location: vscode.ProgressLocation.Notification, title: 'LLaDA: rewriting the selection', cancellable: true },
-            async (progress, token) => {
-                const cancelled = token.onCancellationRequested(() => cancel.cancel());
-                const listener = this.client.onProgress(WorkDoneProgress.type, workDoneToken, (value) => {
-                    if (value.kind !== 'end' && value.message !== undefined) {
-                        progress.report({ message: value.message });
+        // The notice follows the request until the proposal is up for review: the Apply/Discard question
+        // must not wait under a notice that still says the selection is being rewritten.
+        const proposal = new Promise<void>((resolve) => {
+            this.proposalArrived = resolve;
+        });
+        try {
+            const { request } = await vscode.window.withProgress(
+                { location: vscode.ProgressLocation.Notification, title: 'LLaDA: rewriting the selection', cancellable: true },
+                async (progress, token) => {
+                    const cancelled = token.onCancellationRequested(() => cancel.cancel());
+                    const listener = this.client.onProgress(WorkDoneProgress.type, workDoneToken, (value) => {
+                        if (value.kind !== 'end' && value.message !== undefined) {
+                            progress.report({ message: value.message });
+                        }
+                    });
+                    const sent = this.client.sendRequest(ExecuteCommandRequest.type,
+                        { command: REWRITE_COMMAND, arguments: [argument], workDoneToken }, cancel.token) as Promise<RewriteResult | null>;
+                    try {
+                        await Promise.race([sent, proposal]);
+                    } finally {
+                        listener.dispose();
+                        cancelled.dispose();
                     }
+                    return { request: sent };  // not the promise itself, which would keep the notice up
                 });
-                try {
-                    return await this.client.sendRequest(ExecuteCommandRequest.type,
-                        { command: REWRITE_COMMAND, arguments: [argument], workDoneToken }, cancel.token) as RewriteResult | null;
-                } finally {
-                    listener.dispose();
-                    cancelled.dispose();
-                }
-            });
+            return await request;
+        } finally {
+            this.proposalArrived = undefined;
+        }
     }
 
     /** Server-created work-done progress (the model load) is shown in the status bar item. */
@@ -407,7 +461,9 @@ class LladaFeature implements StaticFeature {
 
 function serverOptions(server: ServerSettings): ServerOptions {
     if (server.tcp === '') {
-        return { command: server.path, args: serverArgs(server), transport: TransportKind.stdio };
+        // No transport: vscode-languageclient then talks over the process's stdio without appending
+        // `--stdio` to its arguments, which a server older than the flag refused (exit 2).
+        return { command: server.path, args: serverArgs(server) };
     }
     return () => new Promise<StreamInfo>((resolve, reject) => {
         // Read here so a malformed address or a missing token fails the start, where the user is told about it.

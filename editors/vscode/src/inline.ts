@@ -50,6 +50,8 @@ interface InFlight {
 }
 
 export const TRIGGER_INLINE_SUGGEST = 'editor.action.inlineSuggest.trigger';
+/** The documents inline completions are given for (the language client's selector). */
+export const DOCUMENTS = [{ scheme: 'file' }, { scheme: 'untitled' }];
 /** Run by VS Code after an item is accepted (InlineCompletionItem.command), with the request's id. */
 export const ACCEPTED_COMMAND = 'llada.inlineCompletionAccepted';
 /** Context key, true while an item of ours may be on screen: package.json binds Tab to accepting it
@@ -63,10 +65,16 @@ export class InlineCompletions {
     private shown = false;
     /** The suggestion last served: typed through, its rest is served until the revised one comes. */
     private lastShown: Shown | undefined;
+    /** The language client's request, as the middleware last got it (the provider of `showAgain` sends it). */
+    private next: ProvideInlineCompletions | undefined;
+    /** The provider registered by the last `showAgain`. */
+    private registration: vscode.Disposable | undefined;
 
+    /** `extensionId` names this extension's inline providers to VS Code's trigger command. */
     constructor(
         private readonly events: InlineEvents,
         private readonly asUri: (uri: vscode.Uri) => string,
+        private readonly extensionId: string,
         private readonly now: () => number = () => Date.now(),
     ) {}
 
@@ -80,6 +88,7 @@ export class InlineCompletions {
         token: vscode.CancellationToken,
         next: ProvideInlineCompletions,
     ): Promise<InlineResult> => {
+        this.next = next;
         const key: Key = {
             uri: this.asUri(document.uri),
             version: document.version,
@@ -145,10 +154,16 @@ export class InlineCompletions {
         // shown. Triggering for it anyway would ask again once an empty answer has landed, and the new
         // request's drafts would trigger again: the model would run forever at this position.
         const onScreen = this.inFlight?.key.uri === draft.uri && this.inFlight.servedDraft;
-        if (shownText(draft) === '' && !(draft.final && onScreen)) {
+        const text = shownText(draft);
+        if (text === '' && !(draft.final && onScreen)) {
             return false;
         }
-        void vscode.commands.executeCommand(TRIGGER_INLINE_SUGGEST);
+        // A draft (or the answer) that shows what is on screen already changes nothing there.
+        const last = this.lastShown;
+        if (onScreen && last !== undefined && last.text === text && last.line === cursor.line && last.character === cursor.character) {
+            return false;
+        }
+        this.showAgain();
         return true;
     }
 
@@ -203,7 +218,7 @@ export class InlineCompletions {
                     // A failed request sends no final draft that would take its drafts off the screen: VS Code
                     // is asked again, and gets the empty answer kept for it.
                     this.setShown(false);
-                    void vscode.commands.executeCommand(TRIGGER_INLINE_SUGGEST);
+                    this.showAgain();
                 }
                 return inFlight.result;
             },
@@ -243,6 +258,35 @@ export class InlineCompletions {
         }
         const command: vscode.Command = { title: 'Accept LLaDA completion', command: ACCEPTED_COMMAND, arguments: [inFlight.id] };
         return texts.map((text) => new vscode.InlineCompletionItem(text, new vscode.Range(position, position), command));
+    }
+
+    /** Makes VS Code ask again now and show what `provide` serves, in place of what it shows.
+     *
+     *  A plain trigger does not: VS Code keeps a suggestion on screen through an explicit trigger while it
+     *  stays valid (it heads the new list), and answers an automatic one at the same place and version
+     *  from what it fetched last, so the drafts after the first and the final answer never showed. Hiding
+     *  first would work, at the price of a frame without ghost text on every draft. What VS Code does
+     *  fetch again, and shows in place of the old suggestion, is an automatic request to a provider that
+     *  the last fetch did not ask: so each time a provider is registered anew (serving `provide`, like the
+     *  client's), and the trigger names this extension's providers, of which VS Code takes the newest. A
+     *  VS Code that does not know the trigger's arguments triggers explicitly, as before. */
+    private showAgain(): void {
+        const next = this.next;
+        if (next === undefined) {
+            return;
+        }
+        const previous = this.registration;
+        this.registration = vscode.languages.registerInlineCompletionItemProvider(DOCUMENTS, {
+            provideInlineCompletionItems: (document, position, context, token) => this.provide(document, position, context, token, next),
+        });
+        previous?.dispose();
+        void vscode.commands.executeCommand(TRIGGER_INLINE_SUGGEST, { providerId: this.extensionId, explicit: false });
+    }
+
+    dispose(): void {
+        this.cancel();
+        this.registration?.dispose();
+        this.registration = undefined;
     }
 
     private setShown(shown: boolean): void {

@@ -50,8 +50,7 @@ export class EditReview implements vscode.TextDocumentContentProvider, vscode.Di
                 await vscode.commands.executeCommand('vscode.diff', proposal.document.uri, uri,
                     `${basename(proposal.document.uri)}: current ↔ LLaDA proposal`, { preview: true });
             }
-            const label = params.label ?? 'LLaDA rewrite';
-            const choice = await vscode.window.showInformationMessage(`${label}: apply the proposed change?`, APPLY, DISCARD);
+            const choice = await vscode.window.showInformationMessage(question(params.label), APPLY, DISCARD);
             if (choice !== APPLY) {
                 return { applied: false, failureReason: DISCARDED };
             }
@@ -135,6 +134,13 @@ function applyTextEdits(document: vscode.TextDocument, edits: PlainEdit[]): stri
         cursor = span.end;
     }
     return result + text.slice(cursor);
+}
+
+/** The question under the diff, titled like the commands ("LLaDA: ..."); the server's label (this server
+ *  sends "llada: rewrite") names what is proposed. */
+export function question(label: string | undefined): string {
+    const what = (label ?? '').trim().replace(/^llada:\s*/i, '') || 'change';
+    return `LLaDA: apply the proposed ${what}?`;
 }
 
 function basename(uri: vscode.Uri): string {

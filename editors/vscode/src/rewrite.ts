@@ -49,7 +49,7 @@ export function errorNotice(error: unknown, cancelledByUser: boolean): Notice | 
     if (typeof code === 'number' && REFUSALS.has(code)) {
         return { severity: 'warning', message: `LLaDA: the rewrite was refused: ${sentence(message)}` };
     }
-    return { severity: 'error', message: `LLaDA rewrite failed: ${sentence(message)}` };
+    return { severity: 'error', message: `LLaDA: the rewrite failed: ${sentence(message)}` };
 }
 
 export function showNotice(notice: Notice | undefined): void {

@@ -9,6 +9,7 @@ import { ACCEPTED_COMMAND, InlineCompletions, ProvideInlineCompletions, SHOWN_CO
 import * as mock from './vscode-mock';
 
 const URI = 'file:///work/a.py';
+const EXTENSION_ID = 'llada-lsp.llada-lsp';
 const document = new mock.TextDocument(mock.Uri.parse(URI), 'def f(x):\n    ', 3) as unknown as vscode.TextDocument;
 const cursor = new mock.Position(1, 4) as vscode.Position;
 const context = { triggerKind: 1, selectedCompletionInfo: undefined } as vscode.InlineCompletionContext;
@@ -45,6 +46,7 @@ function inlineCompletions(now = () => 0) {
     const inline = new InlineCompletions(
         { started: () => events.push('started'), settled: (ms) => events.push(`settled ${ms}`) },
         (uri) => uri.toString(),
+        EXTENSION_ID,
         now,
     );
     return { inline, events };
@@ -69,8 +71,44 @@ beforeEach(() => mock.reset());
 
 test('a draft for the active editor at its version and cursor re-triggers the suggestion', () => {
     const { inline } = inlineCompletions();
+    void inline.provide(document, cursor, context, call(), server().next);
     assert.equal(inline.receive(draft(), editor()), true);
     assert.equal(triggers(), 1);
+});
+
+test('each draft shows through a provider registered anew, which VS Code asks again instead of keeping the old text', async () => {
+    // VS Code keeps a suggestion on screen through an explicit trigger, and answers an automatic one
+    // from its cache unless a provider it did not ask last time is named: the provider is registered
+    // anew for each draft, and the trigger names this extension's providers and is not explicit.
+    const { next, sent } = server();
+    const { inline } = inlineCompletions();
+    void inline.provide(document, cursor, context, call(), next);
+    inline.receive(draft({ step: 1, text: 'ret' }), editor());
+    const triggered = mock.recorded.commands.filter((c) => c.command === TRIGGER_INLINE_SUGGEST);
+    assert.deepEqual(triggered.map((c) => c.args), [[{ providerId: EXTENSION_ID, explicit: false }]]);
+    assert.equal(mock.recorded.inlineProviders.length, 1);
+    const first = mock.recorded.inlineProviders[0];
+    assert.deepEqual(texts(await first.provideInlineCompletionItems(document, cursor, context, call())), ['ret']);
+
+    inline.receive(draft({ step: 2, text: 'return x' }), editor());
+    assert.equal(mock.recorded.inlineProviders.length, 1, 'the previous registration is disposed');
+    assert.notEqual(mock.recorded.inlineProviders[0], first);
+    assert.deepEqual(texts(await mock.recorded.inlineProviders[0].provideInlineCompletionItems(document, cursor, context, call())), ['return x']);
+    assert.equal(sent.length, 1, 'the registered provider serves the request in flight, and sends none');
+
+    inline.dispose();
+    assert.equal(mock.recorded.inlineProviders.length, 0);
+});
+
+test('a draft that shows what is on screen already triggers nothing (no refetch, no flicker)', async () => {
+    const { next, sent } = server();
+    const { inline } = inlineCompletions();
+    void inline.provide(document, cursor, context, call(), next);
+    inline.receive(draft({ step: 1, text: 'return x' }), editor());
+    assert.deepEqual(texts(await inline.provide(document, cursor, context, call(), next)), ['return x']);
+    assert.equal(inline.receive(draft({ step: 2, final: true, text: 'return x' }), editor()), false);
+    assert.equal(triggers(), 1);
+    sent[0].answer([new mock.InlineCompletionItem('return x') as vscode.InlineCompletionItem]);
 });
 
 test('drafts for a stale version, another document, another cursor or no editor are ignored', () => {

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { afterEach, beforeEach, test } from 'node:test';
 import * as vscode from 'vscode';
 import type { ApplyWorkspaceEditParams, ApplyWorkspaceEditResult } from 'vscode-languageclient';
-import { APPLY, DISCARD, EditReview, PROPOSAL_SCHEME, proposeTexts } from '../src/review';
+import { APPLY, DISCARD, EditReview, PROPOSAL_SCHEME, proposeTexts, question } from '../src/review';
 import * as mock from './vscode-mock';
 
 const URI = 'file:///work/a.py';
@@ -117,4 +117,9 @@ test('several edits apply against the original text, inserts at one point in ord
 
 test('edits for a document that is not open are refused', () => {
     assert.throws(() => proposeTexts({ changes: { 'file:///work/b.py': [] } }, []), /not open/);
+});
+
+test('the question is titled like the commands, whatever case the server labels the edit in', () => {
+    assert.equal(question('llada: rewrite'), 'LLaDA: apply the proposed rewrite?');
+    assert.equal(question(undefined), 'LLaDA: apply the proposed change?');
 });

@@ -56,6 +56,6 @@ test('a cancellation is silent only when the user cancelled', () => {
 });
 
 test('other failures are errors', () => {
-    assert.deepEqual(errorNotice(new Error('Client is not running'), false), { severity: 'error', message: 'LLaDA rewrite failed: Client is not running.' });
-    assert.deepEqual(errorNotice(responseError(-32603, 'llada: internal error'), false), { severity: 'error', message: 'LLaDA rewrite failed: internal error.' });
+    assert.deepEqual(errorNotice(new Error('Client is not running'), false), { severity: 'error', message: 'LLaDA: the rewrite failed: Client is not running.' });
+    assert.deepEqual(errorNotice(responseError(-32603, 'llada: internal error'), false), { severity: 'error', message: 'LLaDA: the rewrite failed: internal error.' });
 });

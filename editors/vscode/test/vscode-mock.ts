@@ -149,6 +149,8 @@ export const recorded = {
     outputLines: [] as string[],
     contentProviders: new Map<string, { provideTextDocumentContent(uri: Uri): string | undefined }>(),
     configUpdates: [] as { key: string; value: unknown; target: ConfigurationTarget }[],
+    /** Inline completion providers registered and not yet disposed, oldest first. */
+    inlineProviders: [] as vscode.InlineCompletionItemProvider[],
 };
 
 export const scripted = {
@@ -165,6 +167,7 @@ export function reset(): void {
     recorded.outputLines.length = 0;
     recorded.contentProviders.clear();
     recorded.configUpdates.length = 0;
+    recorded.inlineProviders.length = 0;
     scripted.informationAnswer = undefined;
     scripted.openDocuments = [];
     scripted.tabs = [];
@@ -178,6 +181,13 @@ export const commands = {
             scripted.tabs.push({ input: new TabInputTextDiff(original, modified) });
         }
         return Promise.resolve(undefined);
+    },
+};
+
+export const languages = {
+    registerInlineCompletionItemProvider(_selector: unknown, provider: vscode.InlineCompletionItemProvider) {
+        recorded.inlineProviders.push(provider);
+        return new Disposable(() => recorded.inlineProviders.splice(recorded.inlineProviders.indexOf(provider), 1));
     },
 };
 
