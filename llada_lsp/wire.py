@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 
 import msgpack
 
-VERSION = 2  # 2: done's `steps` became `step` (done is the last draft)
+VERSION = 3  # 2: done's `steps` became `step` (done is the last draft); 3: status's family, decoding, family_line
 MAX_FRAME = 16 * 2**20  # a 2 MB document's window is far smaller; anything this big is a broken peer
 MAX_ITEMS = 256  # entries in any map or list of a frame
 _HEADER = struct.Struct(">I")
@@ -216,6 +216,11 @@ class Status(Message):
     cache_blocks_used: int | None = None  # 32-token K/V blocks held (running sequences + prefix cache)
     cache_blocks_free: int | None = None
     cache_hit_rate: float | None = None  # whole prompt blocks found in the prefix cache / looked up
+    # once loaded: the model's family ("LLaDA2.1" | "LLaDA2.2"), its decoding rule ("JointThreshold" |
+    # "JointThresholdInDel") and the line `llada-lsp plan` prints for it (model/family.Family.describe)
+    family: str | None = None
+    decoding: str | None = None
+    family_line: str | None = None
 
 
 MESSAGES: dict[str, type[Message]] = {m.type: m for m in (Hello, Welcome, Infill, Rewrite, NextEdit, Cancel, Draft, Done,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -114,3 +115,34 @@ def restore_threads() -> Iterator[None]:
     """For code that sets the count itself (train and eval-infill's --threads)."""
     with torch_threads(None):
         yield
+
+
+# A LLaDA2.2-shaped checkpoint paired with the embedded tokenizer (tests/test_llada22_product.py): its
+# edit ids are two ordinary tokens of that tokenizer, so an edit id that leaked into an answer would be
+# readable text, which the tests look for.
+LLADA22_EDIT_IDS = (8187, 8191)  # " ASTERISK", " TestableTest"
+
+
+def make_llada22_checkpoint(folder: Path, seed: int = 3, edit_boost: float = 0.0) -> Path:
+    """The embedded model's shapes with LLaDA2.2's keys (block routing over 4 of its 8 experts, the
+    edit ids declared), seeded random weights and the embedded tokenizer. `edit_boost` scales the
+    output rows of the edit ids, so that the model writes them often."""
+    import torch
+
+    from llada_lab.training.train import init_weights
+    from llada_lsp.model import EMBEDDED_MODEL, LLaDA2, LLaDA2Config, save_model
+
+    raw = json.loads((EMBEDDED_MODEL / "config.json").read_text())
+    raw = {k: v for k, v in raw.items() if k not in ("model_type", "transformers_version", "dtype")}
+    delete, split = LLADA22_EDIT_IDS
+    config = LLaDA2Config(**raw, block_size=32, expert_capacity=4, delete_token_id=delete, split_token_id=split)
+    network = LLaDA2(config)
+    init_weights(network, seed=seed)
+    if edit_boost:
+        with torch.no_grad():
+            network.lm_head.weight[list(LLADA22_EDIT_IDS)] *= edit_boost
+    folder.mkdir(parents=True, exist_ok=True)
+    save_model(network, folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(EMBEDDED_MODEL / name, folder / name)
+    return folder

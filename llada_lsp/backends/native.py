@@ -101,7 +101,7 @@ def load(spec: ModelSpec, report: Report, cancelled: Callable[[], bool] | None =
     if spec.threads:  # threads that outnumber the free cores spin against each other: a step can take 50x longer
         torch.set_num_threads(spec.threads)
     model = load_model(spec.path, device=spec.device, dtype=spec.dtype, cancelled=cancelled, quantize=spec.quantize,
-                       devices=list(spec.devices) if spec.devices else None)  # fmt: skip
+                       devices=list(spec.devices) if spec.devices else None, edit_ids=spec.edit_ids)  # fmt: skip
     report("reading the tokenizer", 70)
     codec = load_codec(spec.path, spec.name)
     if codec.special.mask is None and model.config.mask_token_id is None:
@@ -117,7 +117,7 @@ def load(spec: ModelSpec, report: Report, cancelled: Callable[[], bool] | None =
     # ... and are not served work: `engine status` counts batches and cache hits from here.
     engine.scheduler.stats, engine.cache.stats = type(engine.scheduler.stats)(), type(engine.cache.stats)()
     return LoadedModel(spec, codec, model.config.max_position_embeddings, engine.block_size, NativeBatch(engine),
-                       bool(getattr(model.config, "next_edit_gap", 0)))  # fmt: skip
+                       bool(getattr(model.config, "next_edit_gap", 0)), model.config.family)  # fmt: skip
 
 
 def start(loop: asyncio.AbstractEventLoop, log: Callable[[str], None]) -> ModelWorker:

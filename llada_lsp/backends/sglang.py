@@ -56,9 +56,10 @@ def load_remote_model(spec: ModelSpec) -> LoadedModel:
     from ..model.loader import load_config, resolve_path  # torch: on the loading thread
 
     folder = resolve_path(spec.path)
-    config = load_config(folder)
+    config = load_config(folder, spec.edit_ids)
     codec = load_codec(folder, spec.name, where=f"in {folder}")
-    return LoadedModel(spec, codec, config.max_position_embeddings, BLOCK_SIZE)
+    return LoadedModel(spec, codec, config.max_position_embeddings, config.block_size or BLOCK_SIZE,
+                       family=config.family)  # fmt: skip
 
 
 def _breaks_word(codec: Any, ids: list[int], word: str) -> bool:

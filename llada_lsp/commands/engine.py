@@ -73,7 +73,7 @@ async def serve(args: argparse.Namespace, address: Address, token: str | None) -
     else:
         service.load(ModelSpec(args.model, args.device, args.dtype, max(1, args.threads), args.max_batch,
                                args.cache_mb, args.prefix_cache, args.max_queue, args.quantize, args.devices,
-                               args.cuda_graph, args.prefill_chunk))  # fmt: skip
+                               args.cuda_graph, args.prefill_chunk, args.edit_ids))  # fmt: skip
         logger.info("listening on %s", listener.address)
 
         def lost(why: str) -> None:
@@ -113,7 +113,8 @@ def status_main(argv: list[str]) -> int:
     except (EngineFailure, TimeoutError) as err:
         print(f"llada-lsp engine: {getattr(err, 'message', None) or f'no answer from {address}'}", file=sys.stderr)
         return 1
-    lines = {"address": str(address), "model": status.model, "state": status.state, "error": status.error,
+    lines = {"address": str(address), "model": status.model, "family": status.family_line,
+             "state": status.state, "error": status.error,
              "loading": f"{status.message} ({status.progress}%)" if status.progress is not None else None,
              "clients": max(0, (status.clients or 0) - 1), "queue": status.queue,
              "decoding": f"{status.running} running, {status.queued} waiting" if status.running is not None else None,

@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 
+from ..completion.generation import add_edit_ids_argument
 from ..engine import PRESETS, Engine, JointThreshold
 from ..model import CheckpointError, load_model, load_tokenizer
 
@@ -45,6 +46,7 @@ def generate_main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--threads", type=int, metavar="N", help="CPU threads of the model (default: torch's, all the cores)"
     )
+    add_edit_ids_argument(ap)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     if args.threads is not None:
@@ -55,7 +57,7 @@ def generate_main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     try:
-        model = load_model(args.model, device=args.device, dtype=args.dtype)
+        model = load_model(args.model, device=args.device, dtype=args.dtype, edit_ids=args.edit_ids)
         tokenizer = load_tokenizer(args.model)
     except CheckpointError as err:
         print(f"llada-lsp generate: {err}", file=sys.stderr)

@@ -10,6 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..completion.generation import add_edit_ids_argument
+
 
 def plan_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp plan", description=__doc__.split("\n\n")[0])
@@ -26,6 +28,7 @@ def plan_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16",
                     help="weights and KV cache: bfloat16, float16, float32 (default: bfloat16)")  # fmt: skip
     ap.add_argument("--memory", help="bytes per device, e.g. 141GB,141GB or 80GiB (default: the devices' free memory)")
+    add_edit_ids_argument(ap)
     args = ap.parse_args(argv)
 
     # Imported after parsing so that --help and usage errors load nothing heavy.
@@ -44,7 +47,8 @@ def plan_main(argv: list[str] | None = None) -> int:
     if memory is not None and len(memory) not in (1, len(devices)):
         ap.error(f"--memory gives {len(memory)} sizes for {len(devices)} devices")
     try:
-        plan = make_plan(args.model, devices, memory, args.dtype, args.quantize, args.context, args.batch)
+        plan = make_plan(args.model, devices, memory, args.dtype, args.quantize, args.context, args.batch,
+                         args.edit_ids)  # fmt: skip
     except (CheckpointError, ValueError) as err:
         print(f"llada-lsp plan: {err}", file=sys.stderr)
         return 2

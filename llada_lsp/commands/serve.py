@@ -69,7 +69,8 @@ def serve_main(argv: list[str] | None = None) -> int:
             token = read_token(args.token_file)
     except (ValueError, OSError) as err:
         parser().error(str(err))
-    launch = Launch(defaults, args.device, args.dtype, max(1, args.threads), args.engine, token, native.load)
+    launch = Launch(defaults, args.device, args.dtype, max(1, args.threads), args.engine, token, native.load,
+                    args.edit_ids)  # fmt: skip
     if args.tcp and args.stdio:
         parser().error("--stdio and --tcp: choose one transport")
     if args.tcp:

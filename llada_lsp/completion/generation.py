@@ -36,6 +36,7 @@ class ModelSpec:
     devices: tuple[str, ...] | None = None  # a model split over several devices (instead of `device`)
     cuda_graph: bool = False  # each denoising step replayed from a CUDA graph per batch bucket (CUDA only)
     prefill_chunk: int | None = None  # most prompt tokens per prefill forward (None: the engine's default)
+    edit_ids: tuple[int, int] | None = None  # LLaDA2.2's (DELETE, INSERT) ids over config.json's (--edit-ids)
 
     @property
     def name(self) -> str:
@@ -51,6 +52,25 @@ def add_model_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", help="float32, bfloat16, float16 or float64; default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                     help="CPU threads of the model (default: half the cores, the rest left to the editors)")  # fmt: skip
+    add_edit_ids_argument(ap)
+
+
+def add_edit_ids_argument(ap: argparse.ArgumentParser) -> None:
+    """`--edit-ids DELETE,INSERT`, for every command that reads a checkpoint (generate and plan too)."""
+    ap.add_argument("--edit-ids", type=edit_ids_argument, metavar="DELETE,INSERT",
+                    help="LLaDA2.2: its DELETE and INSERT (split) token ids, over config.json's; without either, "
+                    "LLaDA2.2-flash's 156930,156931 when they fit")  # fmt: skip
+
+
+def edit_ids_argument(text: str) -> tuple[int, int]:
+    """'156930,156931' -> (156930, 156931); whether they fit the vocabulary is the loader's to say."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: give two token ids, DELETE,INSERT (e.g. 156930,156931)")
+    delete, insert = int(parts[0]), int(parts[1])
+    if delete == insert:
+        raise argparse.ArgumentTypeError(f"{text!r}: DELETE and INSERT must be two different ids")
+    return delete, insert
 
 
 @dataclass
@@ -58,7 +78,9 @@ class LoadedModel:
     """A model as plans see it: its tokenizer and its limits. `batch` is what the native model thread
     decodes on (backends/native.NativeBatch); None where generation runs elsewhere (SGLang).
     `edit_gap`: the model was tuned to fill a next edit's gap at the cursor (its config says
-    `next_edit_gap`, as `llada-lab tune-next-edit` writes it); other models get drafts without one."""
+    `next_edit_gap`, as `llada-lab tune-next-edit` writes it); other models get drafts without one.
+    `family`: model/family.Family (which LLaDA2 and its decoding rule); `edit_ids`: its (DELETE, INSERT)
+    where it edits drafts in place (LLaDA2.2), None for fixed positions."""
 
     spec: Any  # a ModelSpec, or what a backend names its model with (str() is shown to users)
     codec: TextCodec
@@ -66,6 +88,18 @@ class LoadedModel:
     block_size: int
     batch: Any = None
     edit_gap: bool = False
+    family: Any = None
+
+    @property
+    def edit_ids(self) -> tuple[int, int] | None:
+        return None if self.family is None else self.family.edit_ids
+
+    def family_fields(self) -> dict[str, str]:
+        """What status says of the family (wire.Status's fields; the LSP status takes the first two)."""
+        if self.family is None:
+            return {}
+        return {"family": self.family.name, "decoding": self.family.decoding_rule,
+                "family_line": self.family.describe()}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,8 @@ class ModelShape:
     family: Family = Family("LLaDA2.1", "JointThreshold")  # model/family.py: routing and decoding rule
 
     @classmethod
-    def from_config(cls, raw: dict, source: str) -> ModelShape:
+    def from_config(cls, raw: dict, source: str, edit_ids: tuple[int, int] | None = None) -> ModelShape:
+        """`edit_ids`: LLaDA2.2's (DELETE, INSERT) given by the user (`--edit-ids`), over the config's."""
         missing = [key for key in REQUIRED_KEYS if key not in raw]
         if missing:
             raise CheckpointError(f"{source}: {missing[0]} missing ({len(missing)} size keys missing)")
@@ -82,7 +83,7 @@ class ModelShape:
         except ValueError as err:
             raise CheckpointError(f"{source}: {err}") from None
         try:
-            family = family_of(raw)
+            family = family_of(raw, edit_ids)
         except ValueError as err:
             raise CheckpointError(f"{source}: {err}") from None
         return cls(**sizes, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), family=family)
@@ -307,7 +308,9 @@ def free_memory(device: str) -> int | None:
 # --- the plan --------------------------------------------------------------------------------------
 
 
-def read_model(model: str | Path | None) -> tuple[str, ModelShape, dict | None]:
+def read_model(
+    model: str | Path | None, edit_ids: tuple[int, int] | None = None
+) -> tuple[str, ModelShape, dict | None]:
     """(name, shape, stored tensors or None) of a model folder, a Hugging Face id in the local cache, a
     bare config.json, or None for the embedded model."""
     path = Path(model).expanduser() if model is not None else None
@@ -322,7 +325,7 @@ def read_model(model: str | Path | None) -> tuple[str, ModelShape, dict | None]:
         raise CheckpointError(f"{config_file}: not a readable config.json ({err})") from None
     if not isinstance(raw, dict) or raw.get("model_type") != "llada2_moe":
         raise CheckpointError(f"{config_file}: model_type is not 'llada2_moe'")
-    shape = ModelShape.from_config(raw, str(config_file))
+    shape = ModelShape.from_config(raw, str(config_file), edit_ids)
     name = str(model) if model is not None else "embedded model"
     if folder is None or not any((folder / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json")):
         return name, shape, None
@@ -331,9 +334,10 @@ def read_model(model: str | Path | None) -> tuple[str, ModelShape, dict | None]:
 
 def make_plan(model: str | Path | None = None, devices: list[str] | None = None, memory: list[int | None] | None = None,
               dtype: str = "bfloat16", quantize: str | None = None, context: int | None = None,
-              batch: int = 1) -> MemoryPlan:  # fmt: skip
+              batch: int = 1, edit_ids: tuple[int, int] | None = None) -> MemoryPlan:  # fmt: skip
     """The plan of `model` on `devices` (default one `cpu`); `memory` per device in bytes, or None to
-    ask the device (free_memory). `context` defaults to the model's max_position_embeddings."""
+    ask the device (free_memory). `context` defaults to the model's max_position_embeddings.
+    `edit_ids`: LLaDA2.2's (DELETE, INSERT) over the config's, as the loader takes them."""
     if quantize not in (None, "fp8"):
         raise ValueError(f"quantize {quantize!r}: only fp8 is supported")
     dtype_bytes(dtype)
@@ -341,7 +345,7 @@ def make_plan(model: str | Path | None = None, devices: list[str] | None = None,
     if memory is not None and len(memory) not in (1, len(devices)):
         raise ValueError(f"{len(memory)} memory sizes for {len(devices)} devices")
     memory = [memory[0]] * len(devices) if memory is not None and len(memory) == 1 else memory
-    name, shape, stored = read_model(model)
+    name, shape, stored = read_model(model, edit_ids)
     return plan_of(name, shape, stored, devices, memory, dtype, quantize, context, batch)
 
 

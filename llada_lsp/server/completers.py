@@ -74,6 +74,9 @@ class LocalCompleter:
         out = {"engine": "local", "model": self.worker.spec.name, "state": self.worker.state}
         if self.worker.error:
             out["error"] = self.worker.error
+        if self.worker.state == "ready" and self.worker.model is not None:
+            fields = self.worker.model.family_fields()
+            out.update({key: fields[key] for key in ("family", "decoding") if key in fields})
         return out
 
     def stop(self) -> None:
@@ -170,6 +173,8 @@ class RemoteCompleter:
         error = (last and last.error) or (self.client.gone and self.client.gone.message)
         if error:
             out["error"] = error
+        if state == "ready" and last is not None and last.family is not None:
+            out.update(family=last.family, decoding=last.decoding)
         return out
 
     def stop(self) -> None:

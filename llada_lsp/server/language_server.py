@@ -56,6 +56,7 @@ class Launch:
     engine: str = "local"  # "local" | "auto" (the default socket if a service answers, else local) | an address
     token: str | None = None  # for a service on TCP
     loader: Loader | None = None
+    edit_ids: tuple[int, int] | None = None  # --edit-ids: LLaDA2.2's (DELETE, INSERT) over config.json's
 
 
 class LladaServer(LanguageServer):
@@ -205,7 +206,8 @@ class LladaServer(LanguageServer):
 
     def start_load(self) -> Ticket:
         assert isinstance(self.completer, LocalCompleter)
-        spec = ModelSpec(self.settings.model, self.launch.device, self.launch.dtype, self.launch.threads)
+        spec = ModelSpec(self.settings.model, self.launch.device, self.launch.dtype, self.launch.threads,
+                         edit_ids=self.launch.edit_ids)  # fmt: skip
         self._load_ticket = ticket = self.completer.load(spec, self._on_load_report)
         ticket.when_done(lambda future: self._on_loaded(future, spec))
         self.push_status()

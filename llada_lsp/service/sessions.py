@@ -141,8 +141,10 @@ class EngineService:
         totals = session is None or session.totals
         queue = sum(len(s.pending) for s in self.sessions.values()) if totals else len(session.pending)
         figures = worker.stats() if totals else {}
+        loaded = worker.model if worker.state == "ready" and worker.model is not None else None
         return wire.Status(worker.state, worker.spec.name, progress, message, worker.error, len(self.sessions), queue,
-                           **{name: figures[name] for name in TOTALS if name in figures})  # fmt: skip
+                           **{name: figures[name] for name in TOTALS if name in figures},
+                           **(loaded.family_fields() if loaded is not None else {}))  # fmt: skip
 
     def push_status(self) -> None:
         """Tells every connection whose status changed (state, model, load progress, error, clients, its
