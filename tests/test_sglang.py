@@ -232,15 +232,16 @@ def short_dir():
 
 
 @contextlib.asynccontextmanager
-async def service_on(backend: SGLangBackend, folder: Path):
-    """The engine service on a Unix socket in `folder`, generating on `backend`; its log lines too."""
+async def service_on(backend: SGLangBackend, folder: Path, spec: ModelSpec | None = None):
+    """The engine service on a Unix socket in `folder`, generating on `backend` with `spec`'s tokenizer;
+    its log lines too."""
     lines: list[str] = []
     worker = SGLangWorker(asyncio.get_running_loop(), lines.append, backend, probe_every=(0.05, 30.0))
     service = EngineService(worker, MODES, None)
     listener = Listener.claim(Address("unix", str(folder / "e.sock")))
     try:
         await listener.bind(service.handle)
-        service.load(ModelSpec(None))
+        service.load(spec or ModelSpec(None))
         yield listener.address, lines
     finally:
         listener.close()
@@ -614,3 +615,86 @@ def test_the_documented_server_configs_are_the_native_presets():
         assert float(config["threshold"]) == PRESETS[mode].threshold
         assert float(config["edit_threshold"]) == PRESETS[mode].editing_threshold
         assert int(config["block_size"]) == 32
+
+
+# --- LLaDA2.2 ------------------------------------------------------------------------------------------------
+def test_the_algorithm_files_hold_the_native_presets_thresholds():
+    from llada_lsp.backends.sglang_config import THRESHOLDS
+    from llada_lsp.engine.policy import PRESETS
+
+    assert {mode: (PRESETS[mode].threshold, PRESETS[mode].editing_threshold) for mode in MODES} == THRESHOLDS
+
+
+@pytest.mark.parametrize(
+    ("raw", "edit_ids", "algorithm", "override", "block"),
+    [
+        ({}, None, "JointThreshold", None, 32),
+        ({"expert_capacity": 48, "block_size": 32, "delete_token_id": 5, "split_token_id": 6}, None,
+         "JointThresholdInDel", None, 32),
+        ({"expert_capacity": 48, "block_size": 64}, None, "JointThresholdInDel", [156930, 156931], 64),
+        ({"expert_capacity": 48, "block_size": 32, "delete_token_id": 5, "split_token_id": 6}, (7, 8),
+         "JointThresholdInDel", [7, 8], 32),
+    ],
+    ids=["llada2.1", "llada2.2-config", "llada2.2-default", "llada2.2-override"],
+)  # fmt: skip
+def test_a_checkpoints_sglang_launch_names_its_algorithm_edit_ids_and_block(raw, edit_ids, algorithm, override, block):
+    """LLaDA2.2 decodes with JointThresholdInDel; edit ids its config does not declare travel as
+    SGLang's model override; the algorithm file's block is the checkpoint's routing block."""
+    from llada_lsp.backends.sglang_config import sglang_algorithm_config, sglang_instructions, sglang_launch
+    from llada_lsp.model.family import family_of
+
+    family = family_of({"vocab_size": 157184, "num_experts": 256, "num_experts_per_tok": 8, **raw}, edit_ids)
+    argv = sglang_launch("inclusionAI/LLaDA2.2-flash", family, "quality", 30001)
+    assert argv[argv.index("--dllm-algorithm") + 1] == algorithm
+    assert argv[argv.index("--dllm-algorithm-config") + 1] == "sglang-quality.yaml"
+    assert argv[argv.index("--port") + 1] == "30001"
+    given = argv[argv.index("--json-model-override-args") + 1] if "--json-model-override-args" in argv else None
+    assert given == (
+        None if override is None else json.dumps(dict(zip(("delete_token_id", "split_token_id"), override)))
+    )
+    config = sglang_algorithm_config(family, "quality")
+    assert "threshold: 0.7\nedit_threshold: 0.5\n" in config and f"block_size: {block}\n" in config
+    text = sglang_instructions("inclusionAI/LLaDA2.2-flash", family)
+    assert text.count("python -m sglang.launch_server") == 2 and "sglang-speed.yaml" in text
+
+
+@pytest.fixture(scope="module")
+def llada22_tokenizer(tmp_path_factory) -> Path:
+    """What the SGLang backend reads of a LLaDA2.2 checkpoint (config.json and the tokenizer; never
+    weights): the embedded model's, with LLaDA2.2's keys and two of its tokens as the edit ids."""
+    from conftest import LLADA22_EDIT_IDS
+
+    from llada_lsp.model import EMBEDDED_MODEL
+
+    folder = tmp_path_factory.mktemp("llada22-sglang")
+    raw = json.loads((EMBEDDED_MODEL / "config.json").read_text())
+    raw.update(
+        expert_capacity=4, block_size=32, delete_token_id=LLADA22_EDIT_IDS[0], split_token_id=LLADA22_EDIT_IDS[1]
+    )
+    (folder / "config.json").write_text(json.dumps(raw))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(EMBEDDED_MODEL / name, folder / name)
+    return folder
+
+
+async def test_edit_ids_in_sglangs_output_never_reach_an_answer_or_a_draft(short_dir, llada22_tokenizer):
+    """A server whose output still holds DELETE and INSERT ids (in any block, the last one too): the
+    drafts and the answer are the text without them, and status names the family."""
+    from conftest import LLADA22_EDIT_IDS
+
+    delete, split = LLADA22_EDIT_IDS
+    spec = ModelSpec(str(llada22_tokenizer))
+    codec = load_remote_model(spec).codec
+    edit_texts = [codec.text_of([t])[0] for t in LLADA22_EDIT_IDS]
+    ids = codec.encode(BODY)
+    blocks = [[delete, *ids[:30], split], [split, *ids[30:], delete, codec.special.eos]]
+    answer = Stream(blocks, {"type": "stop", "matched": codec.special.eos})
+    drafts: list[str] = []
+    with FakeSGLang(lambda body: answer) as fake:
+        async with service_on(SGLangBackend(fake.url), short_dir, spec) as (address, _):
+            async with await EngineClient.connect(address, "editor") as client:
+                status = await wait_status(client, lambda s: s.state == "ready")
+                done = await ask(client, infill(client, "def f():\n    ", "\n", "quality", drafts=True), drafts)
+    assert (status.family, status.decoding) == ("LLaDA2.2", "JointThresholdInDel")
+    assert done.text == BODY.rstrip() and len(drafts) == 2
+    assert not [text for text in [*drafts, done.text] if any(edit.strip() in text for edit in edit_texts)]

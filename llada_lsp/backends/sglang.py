@@ -28,12 +28,11 @@ from ..completion.pipeline import Plan
 from ..errors import Busy, CheckpointError, Refused
 from ..runtime.worker import LOAD_KEY, KeyedJobs, ModelUnavailable, Ticket
 from .base import load_codec
-from .sglang_config import BackendFailure, SGLangBackend
+from .sglang_config import BLOCK_SIZE, BackendFailure, SGLangBackend
 from .sglang_http import SGLangServer, error_failure, finish_of, merge_output
 
 logger = logging.getLogger(__name__)
 
-BLOCK_SIZE = 32  # LLaDA2's block: SGLang's default for LLaDA2MoeModelLM (srt/dllm/config.py)
 PROBE_EVERY = (2.0, 15.0)  # seconds between health probes: while a server is not ready, and once all are
 
 
@@ -265,15 +264,20 @@ class SGLangWorker(KeyedJobs):
             sampling["stop_token_ids"] = [request.eos_id]
         payload = {"rid": rid, "input_ids": request.prompt_ids, "sampling_params": sampling, "stream": True}
         codec, word = self.model.codec, plan.heal_text
+        # LLaDA2.2's DELETE and INSERT never reach a plan: SGLang's rule removes them within its steps,
+        # and an id that slipped through a server's output would be shown to the user as text.
+        edit_ids = set(self.model.edit_ids or ())
+        raw: list[int] = []  # the server's output ids, as merge_output counts them
         ids: list[int] = []
         blocks, started, finished, early = 0, time.perf_counter(), False, False
         stream = server.generate(payload)
         try:
             async for chunk in stream:
                 try:
-                    ids = merge_output(ids, chunk)
+                    raw = merge_output(raw, chunk)
                 except ValueError as err:
                     raise BackendFailure("internal", f"SGLang at {server.url} sent {err}") from None
+                ids = [t for t in raw if t not in edit_ids]
                 blocks += 1
                 finish = finish_of(chunk)
                 if finish is not None:
@@ -281,8 +285,8 @@ class SGLangWorker(KeyedJobs):
                     if finish.get("type") == "abort":
                         raise error_failure(server.url, f"aborted the request: {finish.get('message') or 'no reason'}")
                     matched = finish.get("matched")
-                    if isinstance(matched, int) and matched not in ids:  # the stop id, where SGLang trimmed it
-                        ids.append(matched)
+                    if isinstance(matched, int) and matched not in ids and matched not in edit_ids:
+                        ids.append(matched)  # the stop id, where SGLang trimmed it
                 if word and _breaks_word(codec, ids, word):
                     logger.debug("%s: the completion does not begin with %r; dropped", ticket.label, word)
                     ids, early = ([request.eos_id] if request.eos_id is not None else []), not finished

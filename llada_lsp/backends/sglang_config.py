@@ -8,13 +8,20 @@ The command line's half of the SGLang backend (sglang.py is the HTTP half): stdl
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from ..address import read_token
+from ..model.family import EDIT_KEYS, Family
 
 MODES = ("speed", "quality")  # the modes editors ask for (engine.policy.PRESETS has these and more): a server each
 DEFAULT_TIMEOUT = 30.0  # seconds a server may send nothing in the middle of an answer
+# (threshold, edit_threshold) of each mode: engine/policy.py's PRESETS (tests/test_sglang.py keeps them equal)
+THRESHOLDS = {"speed": (0.5, 0.0), "quality": (0.7, 0.5)}
+MAX_POST_EDIT_STEPS = 16
+BLOCK_SIZE = 32  # LLaDA2.1's block: SGLang's default for LLaDA2MoeModelLM (srt/dllm/config.py)
 
 
 class BackendFailure(Exception):
@@ -91,3 +98,34 @@ def _base_url(text: str) -> str:
     except ValueError as err:
         raise ValueError(f"{text!r}: {err}") from None
     return f"{parts.scheme}://{parts.netloc}"
+
+
+# --- launching SGLang for a checkpoint ---------------------------------------------------------------------
+def sglang_algorithm_config(family: Family, mode: str) -> str:
+    """The --dllm-algorithm-config file of a server of `mode` for a checkpoint of `family`: the
+    native presets' thresholds, and the checkpoint's block (LLaDA2.2's block_size: SGLang refuses
+    another when the checkpoint routes per block)."""
+    threshold, edit_threshold = THRESHOLDS[mode]
+    return (f"threshold: {threshold}\nedit_threshold: {edit_threshold}\nmax_post_edit_steps: {MAX_POST_EDIT_STEPS}\n"
+            f"penalty_lambda: 0\nblock_size: {family.block_size or BLOCK_SIZE}\n")  # fmt: skip
+
+
+def sglang_launch(model: str, family: Family, mode: str, port: int = 30000) -> list[str]:
+    """The command that starts an SGLang server decoding `model` (a checkpoint of `family`) in `mode`,
+    its algorithm config in `sglang-{mode}.yaml` (sglang_algorithm_config). LLaDA2.2 decodes with
+    SGLang's JointThresholdInDel; edit ids the checkpoint's config does not declare (the flash
+    defaults, or --edit-ids) are passed as a model override, as SGLang asks for them."""
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", model,
+            "--dllm-algorithm", family.decoding_rule, "--dllm-algorithm-config", f"sglang-{mode}.yaml"]  # fmt: skip
+    if family.edit_ids is not None and family.edit_ids_from != "config":
+        argv += ["--json-model-override-args", json.dumps(dict(zip(EDIT_KEYS, family.edit_ids)))]
+    return argv + ["--host", "0.0.0.0", "--port", str(port), "--trust-remote-code"]
+
+
+def sglang_instructions(model: str, family: Family) -> str:
+    """Both modes' files and commands, as `llada-lsp plan --sglang` prints them (docs/sglang.md)."""
+    lines = []
+    for port, mode in enumerate(MODES, 30000):
+        lines += [f"# sglang-{mode}.yaml", sglang_algorithm_config(family, mode).rstrip("\n"),
+                  f"# the {mode} server", shlex.join(sglang_launch(model, family, mode, port)), ""]  # fmt: skip
+    return "\n".join(lines).rstrip("\n")

@@ -29,6 +29,9 @@ def plan_main(argv: list[str] | None = None) -> int:
                     help="weights and KV cache: bfloat16, float16, float32 (default: bfloat16)")  # fmt: skip
     ap.add_argument("--memory", help="bytes per device, e.g. 141GB,141GB or 80GiB (default: the devices' free memory)")
     add_edit_ids_argument(ap)
+    ap.add_argument("--sglang", action="store_true",
+                    help="also print the SGLang servers' algorithm files and launch commands for this checkpoint, "
+                    "one per mode (docs/sglang.md)")  # fmt: skip
     args = ap.parse_args(argv)
 
     # Imported after parsing so that --help and usage errors load nothing heavy.
@@ -53,6 +56,10 @@ def plan_main(argv: list[str] | None = None) -> int:
         print(f"llada-lsp plan: {err}", file=sys.stderr)
         return 2
     print(render(plan))
+    if args.sglang:
+        from ..backends.sglang_config import sglang_instructions
+
+        print("\n" + sglang_instructions(args.model or "MODEL", plan.family))
     unknown = [d.device for d in plan.devices if d.memory is None]
     if unknown:
         print(f"llada-lsp plan: {unknown[0]} is not on this machine; give its size with --memory", file=sys.stderr)
