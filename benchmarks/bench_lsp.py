@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{table.text()}")
     print("", *notes, sep="\n")
     if args.markdown:
-        report = Report("Latency as an editor sees it")
+        report = Report("Latency as an editor sees it" + (", cold starts only (--no-revise)" if args.no_revise else ""))
         report.table(latency, f"{caption}. Milliseconds from the keystroke's didChange, p50 and p95 per front.")
         if len(tables) == 2:
             report.table(tables[1], "What the engine service adds per keystroke (service minus in-process, same keys).")

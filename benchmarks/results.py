@@ -17,7 +17,7 @@ PARTS = ROOT / "docs" / "results"
 OUT = ROOT / "docs" / "results.md"
 
 # The order a reader meets them in: what an editor user feels first, then serving, quality, the GPU.
-ORDER = ["bench_lsp", "eval_typing", "bench_serve", "soak", "eval_infill", "eval_rewrite", "eval_next_edit",
+ORDER = ["bench_lsp", "bench_lsp_cold", "eval_typing", "bench_serve", "soak", "eval_infill", "eval_rewrite", "eval_next_edit",
          "bench_cpu", "bench_load", "fp8", "gpu", "training"]  # fmt: skip
 
 INTRO = """# Results
