@@ -100,3 +100,28 @@ def test_a_draft_the_model_confirms_costs_one_forward_for_its_blocks(monkeypatch
     fast, slow = results[blocks, True], results[1, True]
     assert fast.tokens == slow.tokens == draft + [EOS] and all(r.tokens == fast.tokens for r in results.values())
     assert (fast.steps, slow.steps) == (2, 4)
+
+
+def test_an_insertion_pushes_the_drafts_next_id_into_the_next_block():
+    """A draft across a block boundary: INSERT in the first block pushes its last id out, and that id
+    opens the next block (the draft after it moves right) instead of being lost, as SGLang's rule,
+    which never starts from a draft, would lose it."""
+    model = Scripted(insert_c_before_d)
+    prompt, draft = [7] * 28, [A, B, D, E, X, A, EOS, EOS]  # a b d e | x a ...: the block ends after e
+    gen = Engine(model, cache_mb=1).generation(prompt, 36, "quality", init_ids=draft)
+    gen.run()
+    assert gen.result.tokens[:8] == [A, B, C, D, E, X, A, EOS]
+
+
+def test_a_deletion_pulls_the_drafts_next_id_into_the_block():
+    """DELETE in the first block of a draft across a boundary: the block's end takes the draft's next
+    id (the rest moves left) instead of a mask the model would fill with its own guess."""
+
+    def drop_x(token: int, before: int) -> int:
+        return DEL if token == X else EOS if token == MASK else token
+
+    model = Scripted(drop_x)
+    prompt, draft = [7] * 28, [A, X, B, C, D, E, EOS, EOS]  # a x b c | d e ...
+    gen = Engine(model, cache_mb=1).generation(prompt, 36, "speed", init_ids=draft)
+    gen.run()
+    assert gen.result.tokens[:6] == [A, B, C, D, E, EOS]

@@ -113,7 +113,7 @@ def history_text(history: tuple[str, ...] | list[str]) -> str:
 
 def next_edit_prompt(history: tuple[str, ...] | list[str], before: str, window: str, after: str, codec: TextCodec,
                      max_positions: int, context_tokens: int, block_size: int = 32,
-                     cursor: int | None = None) -> NextEditPrompt:  # fmt: skip
+                     cursor: int | None = None, edits: bool = False) -> NextEditPrompt:  # fmt: skip
     """The prompt of a next edit, for serving and for training alike (a pure function).
 
     `history`: the recent edits as `edit_diff` texts, oldest first (an empty one: no history, the
@@ -130,8 +130,13 @@ def next_edit_prompt(history: tuple[str, ...] | list[str], before: str, window: 
     as the room to grow, to the end of the block the generated region ends in (`block_size`: the
     model's). No other position is a mask, because the engine decodes every position of the last block
     and masks there would be filled one per forward: a window the model keeps is confirmed in a forward
-    per few blocks. Growing the window is an edit of an end-of-text, as any other token's."""
-    window_ids = draft_ids(window, cursor, codec)
+    per few blocks. Growing the window is an edit of an end-of-text, as any other token's.
+
+    `edits`: the model edits a draft in place (LLaDA2.2's INSERT and DELETE): a word inserted at the
+    cursor costs one INSERT and shifts the rest, so the draft has no gap (`cursor` is not used); the
+    room after the window stays, end-of-text that a shift pushes out of the last block (whose length
+    the rule keeps) instead of the window's end."""
+    window_ids = draft_ids(window, None if edits else cursor, codec)
     gen_length = len(window_ids) + grow_room(len(window_ids))
     min_prompt = min(64, max_positions // 4)
     if gen_length > max_positions - min_prompt:
@@ -383,10 +388,13 @@ class NextEditPlan(Plan):
         # peer's bad value) gets none, and so does a model not tuned to fill it: it fills the masks with its
         # guesses at the code there (the embedded model on 158 cases mined from pluggy, no history: 70
         # suggestions with the gap, 19 without; 24 of the 38 no-edit cases left silent, against 33).
-        cursor = None if job.cursor is None or not model.edit_gap else job.cursor - len(self.head)
+        # A model with edit tokens needs no gap: it inserts at the cursor (next_edit_prompt's `edits`).
+        self.edits = model.edit_ids is not None
+        cursor = None if job.cursor is None or not model.edit_gap or self.edits else job.cursor - len(self.head)
         self.prompt = next_edit_prompt(job.history, job.before + self.head, self.inner, self.tail + job.after, codec,
                                        model.max_positions, job.context_tokens, model.block_size,
-                                       cursor if cursor is not None and 0 <= cursor <= len(self.inner) else None)  # fmt: skip
+                                       cursor if cursor is not None and 0 <= cursor <= len(self.inner) else None,
+                                       self.edits)  # fmt: skip
         self.gap = gap_span(self.prompt.init_ids, codec)
         self.started = time.perf_counter()
         self.request = check_request(GenerationRequest(
@@ -414,12 +422,22 @@ class NextEditPlan(Plan):
         return draft.step, ""
 
     def changed(self, final: list[int]) -> list[int]:
-        """The positions whose final id differs from the draft's."""
+        """The positions whose final id differs from the draft's; for a model with edit tokens, whose
+        drafts shift, the final positions the draft's ids do not align with (an insertion is its own
+        positions, not the whole tail it moved)."""
         init = self.prompt.init_ids
+        if self.edits:
+            blocks = difflib.SequenceMatcher(None, init, final, autojunk=False).get_matching_blocks()
+            kept = {j + k for _, j, size in blocks for k in range(size)}
+            return [j for j in range(min(len(final), len(init))) if j not in kept]
         return [i for i, t in enumerate(final[: len(init)]) if t != init[i]]
 
     def mean_rewrites(self, final: list[int]) -> float:
-        """Mean rewrites of the changed positions."""
+        """Mean rewrites of the changed positions (0 for a model with edit tokens: a position of a draft
+        that shifts is not one token's place, so its changes are no rewrites; the rule's anti-loop
+        stops its flip-flops)."""
+        if self.edits:
+            return 0.0
         changed = self.changed(final)
         return sum(self._rewrites[i] for i in changed) / len(changed) if changed else 0.0
 

@@ -84,7 +84,7 @@ class InfillPlan(Plan):
         # A revision's unit is the one its suggestion began: the cursor as it was before the typing.
         self.typed = job.before[len(job.before) - job.typed :] if job.draft is not None and job.typed else ""
         cursor = cursor_context(job.before[: len(job.before) - len(self.typed)], job.after)
-        self.codec, self.cursor = codec, cursor
+        self.codec, self.cursor, self.edits = codec, cursor, model.edit_ids is not None
         # The rest of a line fits in one block: a model that never ends the line costs one block, not two.
         limit = job.max_tokens if cursor.on_empty_line else min(job.max_tokens, model.block_size)
         self.gen_length = max(1, min(limit, model.max_positions - MIN_PROMPT))
@@ -107,6 +107,10 @@ class InfillPlan(Plan):
 
     def on_draft(self, draft: Draft) -> tuple[int, str | None]:
         mask = self.codec.special.mask
+        if self.edits and self.request.init_ids and mask in draft.generated[: len(self.request.init_ids)]:
+            # A model with edit tokens inserted into the revision's draft (INSERT leaves a mask there): the
+            # suggestion stands until the step that fills it, which is the revision's step.
+            return draft.step, self.shown if draft.step == 1 else None
         filled = draft.generated[: _first(draft.generated, mask)]
         self.confidence = draft.confidence
         completion = self._sure(self._completion(filled), filled, draft.confidence)
@@ -208,7 +212,7 @@ def warm_ids(codec, healed: Healed, draft: str, cursor: Cursor, gen_length: int)
 class RewritePlan(Plan):
     """Revises the selection in place: it is the initial draft of the generated blocks (token
     editing changes it, an end-of-text shrinks it, a few masks after it give it a little room to
-    grow). A result that would turn code that parsed into code that does not is refused. Drafts
+    grow; a model with edit tokens inserts and deletes instead, its room end-of-text: rewrite_prompt). A result that would turn code that parsed into code that does not is refused. Drafts
     carry no text (the payload is "": a step was made)."""
 
     def __init__(self, model: LoadedModel, job: Rewrite, cancel: Flag):
@@ -223,7 +227,8 @@ class RewritePlan(Plan):
         # As the front cuts it: a window sent whole (megabytes) must not be tokenized here, on the model thread.
         before, after = trimmed(job.before, job.after, job.context_tokens * CHARS_PER_TOKEN)
         self.prompt = prompt = rewrite_prompt(before, job.selection, after, codec, model.max_positions,
-                                              job.context_tokens, job.instruction)  # fmt: skip
+                                              job.context_tokens, job.instruction, model.edit_ids is not None,
+                                              model.block_size)  # fmt: skip
         self.started = time.perf_counter()
         self.request = check_request(GenerationRequest(
             prompt.prompt.ids, prompt.gen_length, job.mode, codec.special.mask, codec.special.eos, cancel=cancel,

@@ -86,8 +86,15 @@ def grow_allowance(selection_tokens: int) -> int:
 
 
 def rewrite_prompt(before: str, selection: str, after: str, codec: TextCodec, max_positions: int,
-                   context_tokens: int, instruction: str | None = None) -> RewritePrompt:  # fmt: skip
-    """The selection is the initial draft of the generated blocks, followed by masks for room to grow."""
+                   context_tokens: int, instruction: str | None = None, edits: bool = False,
+                   block_size: int = 32) -> RewritePrompt:  # fmt: skip
+    """The selection is the initial draft of the generated blocks, followed by masks for room to grow.
+
+    `edits`: the model edits a draft in place (LLaDA2.2's INSERT and DELETE), so a word it adds shifts
+    the rest instead of being written over it, and the room after the selection is end-of-text to the
+    end of its block (`block_size`: the model's), not masks: masks there would be filled with the code
+    that follows; an end-of-text stays one unless the model edits it, and a shift pushes it out (the
+    rule keeps a block's length: without room, an insertion would push out the selection's end)."""
     init_ids = codec.encode(selection)
     gen_length = len(init_ids) + grow_allowance(len(init_ids))
     min_prompt = min(64, max_positions // 4)
@@ -101,7 +108,12 @@ def rewrite_prompt(before: str, selection: str, after: str, codec: TextCodec, ma
         task = ("Rewrite the code at <HOLE>" + (f" ({instruction})" if instruction else "") + ". It is now:\n"
                 f"```\n{selection}\n```\nAnswer with the new code only, no explanation.")  # fmt: skip
     budget = min(context_tokens, max_positions - gen_length)
-    return RewritePrompt(infill_prompt(before, after, codec, budget, task), init_ids, gen_length)
+    prompt = infill_prompt(before, after, codec, budget, task)
+    if edits and codec.special.eos is not None:
+        P = len(prompt.ids)
+        gen_length = min(gen_length + (-(P + gen_length)) % block_size, max_positions - P)
+        init_ids = init_ids + [codec.special.eos] * (gen_length - len(init_ids))
+    return RewritePrompt(prompt, init_ids, gen_length)
 
 
 def cut_prefix(before: str, codec: TextCodec, cap: int) -> tuple[list[int], str]:

@@ -168,6 +168,8 @@ class InDelOutcome:
     done: bool  # the block is final: nothing to write, or the cleanup step ran
     cleanup: bool  # this step was the final cleanup
     changed: bool  # the step changed the block's ids (a final block that changed needs one more forward)
+    overflow: list[int] = field(default_factory=list)  # ids an INSERT pushed past the block's end (dropped here)
+    padded: int = 0  # masks added at the block's end after DELETEs
 
 
 def indel_step(rule: JointThresholdInDel, state: InDelBlock, block: list[int], ids: list[list[int]],
@@ -236,9 +238,10 @@ def indel_step(rule: JointThresholdInDel, state: InDelBlock, block: list[int], i
             rows += [(mask_id, False, None, 0.0), (block[i], state.is_orig[i], None, 0.0)]
         else:
             rows.append((new[i], state.is_orig[i], kind.get(i), conf.get(i, p[i])))
-    rows = rows[:bs] + [(mask_id, False, None, 0.0)] * (bs - len(rows))
+    overflow, padded = [t for t, _, _, _ in rows[bs:]], max(bs - len(rows), 0)
+    rows = rows[:bs] + [(mask_id, False, None, 0.0)] * padded
     state.is_orig = [o for _, o, _, _ in rows]
     tokens = [t for t, _, _, _ in rows]
     return InDelOutcome(tokens, [i for i, r in enumerate(rows) if r[2] == "filled"],
                         [i for i, r in enumerate(rows) if r[2] == "edited"], [r[3] for r in rows],
-                        cleanup, cleanup, tokens != block)  # fmt: skip
+                        cleanup, cleanup, tokens != block, overflow, padded)  # fmt: skip

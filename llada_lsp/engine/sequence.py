@@ -16,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-from .policy import InDelBlock, JointThreshold, JointThresholdInDel, indel_step
+from .policy import InDelBlock, InDelOutcome, JointThreshold, JointThresholdInDel, indel_step
 
 DRAFT_LOOKAHEAD = 4  # blocks one forward may decide while it checks a draft (Sequence.ahead)
 
@@ -234,20 +234,47 @@ class Sequence:
         s, lo, hi = self.settings, self.lo, self.hi
         out = indel_step(s.policy, self.indel_block, self.host[lo:hi], ids, probs, s.mask_id, *s.edit_ids,
                          s.max_post_steps)  # fmt: skip
-        self.host[lo:hi] = out.tokens
+        tokens = self._carry(out) if s.init_ids else out.tokens
+        self.host[lo:hi] = tokens
         self.forwards += 1
         self.changed = out.changed
         P, end = self.P, min(hi, self.P + s.gen_length)
         for i in range(max(lo, P), end):
             self.confidence[i - P] = out.confidence[i - lo]
         generated, confidence = self.shown(self.host[P:end], self.confidence[: max(end - P, 0)])
-        draft = StepDraft(self.result.steps, self.b, list(out.tokens), out.filled, out.edited, generated, confidence)
-        self.n_masked = out.tokens.count(s.mask_id)
+        draft = StepDraft(self.result.steps, self.b, list(tokens), out.filled, out.edited, generated, confidence)
+        self.n_masked = tokens.count(s.mask_id)
         if out.done:
             self.post = self.indel_block.post_edit_steps
             self.end = "cleanup" if out.cleanup else "converged"
             self._close_block()
         return draft
+
+    def _carry(self, out: InDelOutcome) -> list[int]:
+        """The block after an InDel step whose draft (`init_ids`) runs on past it: the draft follows the
+        block's edits as text does. Ids an INSERT pushed out of the block open the next one (the rest of
+        the generated region moves right, its last ids drop); masks a DELETE left at the block's end
+        take the draft's next ids (the rest moves left, its end padded as it ended: end-of-text or
+        mask). SGLang's rule, which never starts from a draft, drops and pads instead: a draft would
+        then lose an id at every block boundary an insertion crosses."""
+        s, P, hi, bs = self.settings, self.P, self.hi, self.bs
+        end, draft_end = P + s.gen_length, P + len(s.init_ids)
+        tokens = list(out.tokens)
+        if hi >= min(end, draft_end) or not (out.overflow or out.padded):
+            return tokens
+        tail, confidence = self.host[hi:end], self.confidence[hi - P : end - P]
+        if out.overflow:
+            k = len(out.overflow)
+            self.host[hi:end] = (out.overflow + tail)[: end - hi]
+            self.confidence[hi - P : end - P] = ([0.0] * k + confidence)[: end - hi]
+            return tokens
+        j, at = min(out.padded, draft_end - hi), bs - out.padded
+        pad = s.eos_id if s.eos_id is not None and tail[-1] == s.eos_id else s.mask_id
+        tokens[at : at + j] = tail[:j]
+        self.indel_block.is_orig[at : at + j] = [False] * j  # ids now, no masks
+        self.host[hi:end] = tail[j:] + [pad] * j
+        self.confidence[hi - P : end - P] = confidence[j:] + [0.0] * j
+        return tokens
 
     def shown(self, ids: list[int], confidence: list[float]) -> tuple[list[int], list[float]]:
         """Generated ids as they leave the engine: never an edit id (the rule removes them from the
