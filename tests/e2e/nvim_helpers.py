@@ -208,6 +208,15 @@ class Editor:
     def ghost(self) -> dict[str, Any] | None:
         return self.lua("return llada_probe.ghost()")
 
+    def ghost_and_generating(self) -> tuple[dict[str, Any] | None, bool]:
+        """The ghost text on screen and whether an inline request is still pending, read at one moment:
+        between two calls the answer may land, and a draft read before it would pass for the answer."""
+        now = self.lua(
+            "return { ghost = llada_probe.ghost(),"
+            " generating = require('llada.draft').is_pending(vim.api.nvim_get_current_buf()) }"
+        )
+        return now.get("ghost"), now["generating"]
+
     def log(self) -> list[dict[str, Any]]:
         return self.lua("return llada_probe.log")
 
@@ -218,8 +227,7 @@ class Editor:
         """The final ghost text of the latest inline request: shown once no inline request is pending."""
 
         def settled() -> dict[str, Any] | None:
-            ghost = self.ghost()
-            generating = self.lua("return require('llada.draft').is_pending(vim.api.nvim_get_current_buf())")
+            ghost, generating = self.ghost_and_generating()
             return ghost if ghost and ghost["text"] and not generating else None
 
         return wait_for(

@@ -224,15 +224,13 @@ def test_a_revision_replaces_the_rest_of_a_partly_accepted_suggestion(open_edito
     )
     assert answer.get("error") is None, answer
 
-    def drawn() -> bool:
-        ghost = editor.ghost()
-        return (ghost["text"] if ghost else "") == answer["text"] and not editor.lua(
-            "return require('llada.draft').is_pending(0)"
-        )
+    def drawn() -> tuple[dict | None] | None:
+        ghost, generating = editor.ghost_and_generating()
+        return (ghost,) if (ghost["text"] if ghost else "") == answer["text"] and not generating else None
 
-    wait_for(drawn, f"the answer {answer['text']!r} on screen", 10, lambda: f"ghost {editor.ghost()!r}")
-    ghost = editor.ghost()
+    (ghost,) = wait_for(drawn, f"the answer {answer['text']!r} on screen", 10, lambda: f"ghost {editor.ghost()!r}")
     if ghost:
+        assert ghost["source"] == ("builtin" if path == "builtin" else "llada"), ghost
         row, col = editor.cursor()
         assert (ghost["row"], ghost["col"]) == (row - 1, col), ghost
         assert editor.lua(_GHOST_MARKS) == 1, "one ghost text, not the rest left over beside the answer"
