@@ -14,7 +14,7 @@ import torch
 from llada_lsp.commands import bench
 from llada_lsp.engine import Engine
 from llada_lsp.model import load_model
-from llada_lsp.model.config import SIZE_KEYS
+from llada_lsp.model.config import SIZE_KEYS, LLaDA2Config
 
 CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
 
@@ -56,8 +56,11 @@ def test_named_shapes_are_the_real_configs(name):
     config, full, tpf = bench.shape_config(name, None, None)
     for key in SIZE_KEYS:
         assert getattr(config, key) == real[key], key
-    assert full == real["num_hidden_layers"] and tpf > 10
+    assert full == real["num_hidden_layers"] and (tpf > 10 if name.startswith("llada2.1") else tpf is None)
     assert (config.mask_token_id, config.eos_token_id) == (real["mask_token_id"], real["eos_token_id"])
+    for key in ("block_size", "expert_capacity", "max_position_embeddings", "rope_theta"):  # LLaDA2.2's keys too
+        assert getattr(config, key) == real.get(key), key
+    assert config.family == LLaDA2Config(**real).family  # LLaDA2.2: its block routing and the flash edit ids
 
 
 def test_layers_keep_one_moe_layer_and_fp8_builds_fp8_experts():
@@ -108,3 +111,24 @@ def test_step_bench_profile_and_refusals(golden_dir, capsys):
         bench.bench_main([*args, "--cuda-graph"])
     with pytest.raises(SystemExit, match="whole number"):
         bench.bench_main([*args[:-4], "--context", "40"])
+
+
+def test_step_bench_of_llada22_routes_per_block_and_ranks_the_edit_candidates(capsys, monkeypatch):
+    """A LLaDA2.2 shape: every MoE layer, the projected one too, takes block routing, and the step ends
+    in the InDel rule's device part (each position's ranked candidates), not JointThreshold's."""
+    from llada_lsp.model import llada2
+
+    tiny22 = CONFIGS.parent.parent / "golden" / "llada22-tiny" / "config.json"
+    seen, ranked = [], []
+    routed = llada2.SparseMoE.forward
+    monkeypatch.setattr(
+        llada2.SparseMoE, "forward", lambda self, x, blocks=None: (seen.append(blocks), routed(self, x, blocks))[1]
+    )
+    candidates = bench.indel_candidates
+    monkeypatch.setattr(bench, "indel_candidates", lambda logits: (ranked.append(logits.shape), candidates(logits))[1])
+    assert bench.bench_main(["--shape", str(tiny22), "--device", "cpu", "--dtype", "float32", "--layers", "1",
+                             "--context", "64", "--iters", "2", "--peak-gbs", "10"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert [r[0] for r in table(out)] == ["2 of 3", "3 (projected)"]
+    assert "block routing 8 of 16" in out and "InDel candidates" in out
+    assert seen and all(blocks is not None for blocks in seen) and ranked

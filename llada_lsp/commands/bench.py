@@ -20,9 +20,9 @@ import torch
 
 from .. import kernels
 from ..engine import PRESETS, Engine, GenerationResult
-from ..engine.policy import joint_threshold
+from ..engine.policy import indel_candidates, joint_threshold
 from ..model import BlockKVCache, LLaDA2, LLaDA2Config, fp8
-from ..model.llada2 import rope_cos_sin
+from ..model.llada2 import RoutingBlocks, rope_cos_sin
 from ..model.loader import tensor_dtype
 from ..report import Report, Table, add_markdown_argument
 
@@ -121,11 +121,16 @@ def bench_main(argv: list[str] | None = None) -> int:
 
 # --- one denoising step at a real model's shapes ----------------------------------------------------
 # What differs from LLaDA2Config's defaults (LLaDA2.1-mini); tests/test_bench.py holds these to the
-# real config.json files. tokens_per_forward: the LLaDA2.1 paper's average, to project tokens/s.
-SHAPES: dict[str, tuple[dict, float]] = {
+# real config.json files. tokens_per_forward: the LLaDA2.1 paper's average, to project tokens/s (None:
+# LLaDA2.2's report gives none). LLaDA2.2-flash: the flash shapes, block routing (48 experts per 32-token
+# block), 128K positions (../shared/LLADA22.md); its edit ids are the flash defaults (model/family.py).
+FLASH = dict(hidden_size=4096, intermediate_size=9216, moe_intermediate_size=1024, num_attention_heads=32,
+             num_hidden_layers=32)  # fmt: skip
+SHAPES: dict[str, tuple[dict, float | None]] = {
     "llada2.1-mini": ({}, 12.3),
-    "llada2.1-flash": (dict(hidden_size=4096, intermediate_size=9216, moe_intermediate_size=1024,
-                            num_attention_heads=32, num_hidden_layers=32), 13.8),
+    "llada2.1-flash": (FLASH, 13.8),
+    "llada2.2-flash": (dict(FLASH, block_size=32, expert_capacity=48, max_position_embeddings=131072,
+                            rope_theta=3e6), None),
 }  # fmt: skip
 SPECIAL_IDS = dict(mask_token_id=156895, eos_token_id=156892, pad_token_id=156892)
 # Peak memory bandwidth (GB/s) by a fragment of torch.cuda.get_device_name(); --peak-gbs overrides.
@@ -297,10 +302,13 @@ def step_main(argv: list[str]) -> int:
     frozen = torch.zeros(B, BLOCK, dtype=torch.bool, device=device)
     mask_ids = torch.full((B,), config.mask_token_id, device=device)
     fill_above, edit_above = (torch.full((B,), v, device=device) for v in (PRESETS["speed"].threshold, 0.0))
-    fused_rule = kernels.enabled(torch.empty(0, dtype=dtype, device=device))
+    indel = config.edit_ids is not None  # LLaDA2.2: the device's part of its rule, the rest is on the host
+    fused_rule = not indel and kernels.enabled(torch.empty(0, dtype=dtype, device=device))
 
     def step():
         logits = model(ids, cache=cache, start=S, last_n=BLOCK)  # [B, T, V]
+        if indel:
+            return indel_candidates(logits)
         if fused_rule:
             return kernels.step(ids, logits, frozen, mask_ids, fill_above, edit_above)
         return joint_threshold(ids, logits, frozen, mask_ids, fill_above.tolist(), edit_above.tolist())
@@ -309,12 +317,16 @@ def step_main(argv: list[str]) -> int:
     last = model.model.layers[-1]
     x = torch.randn(B, BLOCK, config.hidden_size, device=device, dtype=dtype, generator=gen)
     cos, sin = rope_cos_sin(torch.arange(S, S + BLOCK, device=device), config.rotary_dim, config.rope_theta, dtype)
+    routing = (
+        RoutingBlocks.of(torch.arange(S, S + BLOCK, device=device), None, B, BLOCK) if config.block_routing else None
+    )
 
     def one_layer():
-        return last(x, cos, sin, None, cache.at(S, BLOCK))
+        return last(x, cos, sin, None, cache.at(S, BLOCK), routing)
 
-    graph = bool(args.cuda_graph and fused_rule)  # the torch step rule builds tensors from lists: not capturable
-    if args.cuda_graph and not fused_rule:
+    # the torch JointThreshold rule builds tensors from lists: not capturable; InDel's candidates are
+    graph = bool(args.cuda_graph and (fused_rule or indel))
+    if args.cuda_graph and not graph:
         print("--cuda-graph: the step rule's kernels are off (no triton, or LLADA_LSP_KERNELS=0): timing without")
     with torch.inference_mode():
         touched = count_touched(model, step)
@@ -328,8 +340,12 @@ def step_main(argv: list[str]) -> int:
     moe = last.mlp.mode(x)  # SparseMoE's own rule: the Experts path this step's blocks take
     moe = "fused (Triton)" if moe == "fused" else moe
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    caption = (f"{args.shape}: {name}, {args.dtype}{', FP8 experts' if args.quantize else ''}, MoE {moe}, step rule "
-               f"{'fused (Triton)' if fused_rule else 'torch'}, {'CUDA graph' if graph else 'eager'}; batch {B} x {BLOCK} "
+    rule = (
+        "InDel candidates (torch; the rule runs on the host)" if indel else "fused (Triton)" if fused_rule else "torch"
+    )
+    routing_note = f", block routing {config.expert_capacity} of {config.num_experts}" if config.block_routing else ""
+    caption = (f"{args.shape}: {name}, {args.dtype}{', FP8 experts' if args.quantize else ''}, MoE {moe}{routing_note}, "
+               f"step rule {rule}, {'CUDA graph' if graph else 'eager'}; batch {B} x {BLOCK} "
                f"queries, context {S}; experts touched per layer: {min(touched)}-{max(touched)} of {config.num_experts}; "
                f"peak {f'{peak:.0f} GB/s' if peak else 'unknown (--peak-gbs)'}")  # fmt: skip
     table = Table(["layers", "ms/step", "GB read/step", "GB/s", "of peak", "floor ms", "x floor",
