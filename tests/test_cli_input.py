@@ -148,12 +148,18 @@ def test_exit_is_at_once_even_with_a_step_in_flight(tmp_path):
         stderr.close()
 
 
+def as_in_a_terminal() -> None:
+    """A shell started the server, so Ctrl-C is not ignored, even when this test runs under something that
+    ignores it (a script's `pytest &`): Python keeps an inherited SIG_IGN and the server would never see it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_ctrl_c_in_a_terminal_stops_the_server():
     """Started by hand, stdin is a terminal: Ctrl-C stops it without waiting for more input."""
     controller, terminal = pty.openpty()
     p = subprocess.Popen([sys.executable, "-m", "llada_lsp"], stdin=terminal, stdout=terminal,
-                         stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+                         stderr=subprocess.PIPE, start_new_session=True, preexec_fn=as_in_a_terminal)  # fmt: skip
     try:
         time.sleep(3)  # started and reading
         os.kill(p.pid, signal.SIGINT)
@@ -173,7 +179,7 @@ def test_ctrl_c_while_it_starts_prints_no_traceback(seconds):
     traceback. (In its first ~0.1 s it lands in the interpreter's own start, before any of our code.)"""
     controller, terminal = pty.openpty()
     p = subprocess.Popen([sys.executable, "-m", "llada_lsp"], stdin=terminal, stdout=terminal,
-                         stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+                         stderr=subprocess.PIPE, start_new_session=True, preexec_fn=as_in_a_terminal)  # fmt: skip
     try:
         time.sleep(seconds)
         os.kill(p.pid, signal.SIGINT)
