@@ -274,8 +274,7 @@ class Scheduler:
             return self._apply_indel(rows, spans, outside, host, D, events)
         for entry, (start, _), skip, row in zip(rows, spans, outside, host):
             if not row[4 * D]:
-                entry.seq.fail(BadLogits(f"the model produced NaN or infinite logits at step {entry.seq.result.steps + 1} "
-                                         f"(block {entry.seq.b}): its weights or its precision are broken"))  # fmt: skip
+                fail_on_bad_logits(entry.seq)
                 continue
             confidence = [c / CONFIDENCE_SCALE for c in row[3 * D + skip : 4 * D]]
             draft = entry.seq.apply(start, row[skip:D], row[D + skip : 2 * D], row[2 * D + skip : 3 * D], confidence)
@@ -290,8 +289,7 @@ class Scheduler:
         K = self.indel_k
         for entry, (start, _), skip, row in zip(rows, spans, outside, host):
             if not row[2 * K * D]:
-                entry.seq.fail(BadLogits(f"the model produced NaN or infinite logits at step {entry.seq.result.steps + 1} "
-                                         f"(block {entry.seq.b}): its weights or its precision are broken"))  # fmt: skip
+                fail_on_bad_logits(entry.seq)
                 continue
             probs = torch.tensor(row[K * D : 2 * K * D], dtype=torch.int64).view(torch.float64).tolist()
             ids = [row[i * K : (i + 1) * K] for i in range(skip, D)]
@@ -440,3 +438,13 @@ class StepInputs:
             if entry.seq.allowed_row is not None:
                 allowed[r].copy_(entry.seq.settings.first_allowed, non_blocking=True)  # device to device
         return ints_d, limits_d, allowed
+
+
+def fail_on_bad_logits(seq: Sequence) -> None:
+    """A row whose logits were not all finite (the step's one host read says so): the sequence fails."""
+    seq.fail(
+        BadLogits(
+            f"the model produced NaN or infinite logits at step {seq.result.steps + 1} (block {seq.b}): "
+            "its weights or its precision are broken"
+        )
+    )

@@ -156,7 +156,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
 
-    def forward(self, x):
+    def forward(self, x, blocks: RoutingBlocks | None = None):  # `blocks`: routing, which a dense layer has none of
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -400,8 +400,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, allow, kv, blocks: RoutingBlocks | None = None):
         x = x + self.attention(self.input_layernorm(x), cos, sin, allow, kv)
-        h = self.post_attention_layernorm(x)
-        return x + (self.mlp(h, blocks) if isinstance(self.mlp, SparseMoE) else self.mlp(h))
+        return x + self.mlp(self.post_attention_layernorm(x), blocks)
 
 
 class LLaDA2Backbone(nn.Module):
