@@ -212,8 +212,9 @@ def warm_ids(codec, healed: Healed, draft: str, cursor: Cursor, gen_length: int)
 class RewritePlan(Plan):
     """Revises the selection in place: it is the initial draft of the generated blocks (token
     editing changes it, an end-of-text shrinks it, a few masks after it give it a little room to
-    grow; a model with edit tokens inserts and deletes instead, its room end-of-text: rewrite_prompt). A result that would turn code that parsed into code that does not is refused. Drafts
-    carry no text (the payload is "": a step was made)."""
+    grow; a model with edit tokens inserts and deletes instead, its room end-of-text: rewrite_prompt).
+    A result that would turn code that parsed into code that does not is refused. Drafts carry no text
+    (the payload is "": a step was made)."""
 
     def __init__(self, model: LoadedModel, job: Rewrite, cancel: Flag):
         codec = model.codec
