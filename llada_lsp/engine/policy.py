@@ -31,6 +31,14 @@ def guesses(logits: torch.Tensor, mask_id: int | torch.Tensor) -> tuple[torch.Te
 
 
 def _guesses(logits, mask_id, renormalised: bool):
+    if not renormalised and logits.device.type == "cpu" and logits.dim() > 1:
+        return _cpu_guesses(logits, mask_id)
+    return _reference_guesses(logits, mask_id, renormalised)
+
+
+def _reference_guesses(logits, mask_id, renormalised: bool):
+    """The rule as written first: a float copy of the logits with the mask's logit set to -inf. Static
+    shapes and no host read (what a CUDA graph and torch.compile need); `_cpu_guesses` is held to it."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
     total = None if renormalised else logits.logsumexp(-1)  # [...]: the softmax's denominator, the mask in it
     if isinstance(mask_id, torch.Tensor):
@@ -42,6 +50,28 @@ def _guesses(logits, mask_id, renormalised: bool):
         return logits.softmax(-1).max(-1)
     best, token = logits.max(-1)
     conf = (best - total).exp().masked_fill(total == float("inf"), float("nan"))  # a +inf logit, the mask's too
+    return conf, token
+
+
+def _cpu_guesses(logits: torch.Tensor, mask_id: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`step_guesses` in three passes over the logits and no copy of them when they are float32 or
+    float64 already: one max over the whole row gives both the logsumexp's shift and, wherever the mask
+    is not the row's first maximum, the answer; only rows whose first maximum is the mask (a host read:
+    cheap on the CPU) are searched again without it. The denominator is torch's own logsumexp, step for
+    step (amax, shift, exp, sum, log, add), so the confidence is bit-identical to the reference's."""
+    wide = torch.promote_types(logits.dtype, torch.float32)
+    logits = logits if logits.dtype == wide else logits.to(wide)
+    top, token = logits.max(-1)  # [...]: the first maximum (NaN if the row holds one), the mask included
+    shift = top.masked_fill(top.abs() == float("inf"), 0.0)
+    total = torch.sub(logits, shift[..., None]).exp_().sum(-1).log_().add_(shift)  # [...]
+    masks = mask_id.view(-1, *[1] * (token.dim() - 1)) if isinstance(mask_id, torch.Tensor) else mask_id
+    again = (token == masks).nonzero(as_tuple=True)
+    if again[0].numel():  # the mask is a row's first maximum: its best other id, as the reference finds it
+        rows = logits[again].clone()  # [n, V]
+        ids = masks if isinstance(masks, int) else masks.expand_as(token)[again]
+        rows.scatter_(-1, torch.as_tensor(ids).expand(rows.shape[0]).view(-1, 1), float("-inf"))
+        top[again], token[again] = rows.max(-1)
+    conf = (top - total).exp().masked_fill(total == float("inf"), float("nan"))  # a +inf logit, the mask's too
     return conf, token
 
 
