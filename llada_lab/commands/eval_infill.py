@@ -28,6 +28,11 @@ from ..training.eval_infill import TASK_KINDS, answer, make_tasks, paired, previ
 
 
 def eval_infill_main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--cross-file" in argv:  # its own evaluation, through the real server: commands/eval_cross_file.py
+        from .eval_cross_file import eval_cross_file_main
+
+        return eval_cross_file_main(argv)
     ap = argparse.ArgumentParser(prog="llada-lab eval-infill", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="model folder (default: the embedded model)")
     ap.add_argument("--n", type=int, default=100, help="tasks per kind (default: 100)")
@@ -50,6 +55,9 @@ def eval_infill_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     ap.add_argument("--dtype", default="float32", help="default: %(default)s")
     ap.add_argument("--json", action="store_true", help="also print the scores as one JSON line")
+    ap.add_argument("--cross-file", action="store_true",
+                    help="instead: cross-file tasks through the real server, contextFiles on vs off "
+                         "(`eval-infill --cross-file --help`)")  # fmt: skip
     add_markdown_argument(ap)
     args = ap.parse_args(argv)
     kinds, modes = [k for k in args.kinds.split(",") if k], [m for m in args.modes.split(",") if m]

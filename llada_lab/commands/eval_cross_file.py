@@ -1,0 +1,239 @@
+"""`llada-lab eval-infill --cross-file`: does context from other files help? Infill through the real
+server over stdio, as an editor drives it, with the `contextFiles` setting on against off.
+
+Tasks (training/cross_file.py): rest-of-line and whole-line holes in held-out third-party files whose
+answer uses a name only an imported module of the same package defines; and, to show the context
+costs nothing where it cannot help, the single-file held-out infill tasks of the same split with other
+files of the package open too. The editor's workspace is a temporary folder holding every package's
+files (the current file with its hole), one workspace folder per package; per task it opens the
+imported modules, then the current file, asks one inline completion at the cursor and closes them.
+Both servers run side by side, each task asked of one and then the other (alternating who goes
+first). Scores: first-line exact match, the task-by-task sign test, p50/p95 of the answer's latency
+(from the request to its answer, client side).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llada_lsp.lsp_client import LspClient, position
+from llada_lsp.report import Report, Table, add_markdown_argument
+from llada_lsp.server.positions import UTF32
+
+from ..training.corpus import DEFAULT_CACHE, SPLIT_FILES, SourceFile, load
+from ..training.cross_file import (
+    CROSS_FILE_KINDS,
+    MAX_OPEN,
+    CrossFileTask,
+    group_by_package,
+    imported_modules,
+    make_cross_file_tasks,
+    modules_of,
+    package_of,
+    relative_path,
+)
+from ..training.eval_infill import cut_to_unit, first_line, make_tasks, sign_test
+
+CONFIGS = {"on": {"contextFiles": True}, "off": {"contextFiles": False}}
+INVOKED = 1  # InlineCompletionTriggerKind.Invoked: the user asked (no debounce in the way)
+
+
+@dataclass
+class Answers:
+    """One configuration's answers to one task set, in task order."""
+
+    texts: list[str] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+
+class Workspace:
+    """The editor's workspace on disk: every package's files under ROOT/NAME (its sdist's layout)."""
+
+    def __init__(self, root: Path, packages: dict[str, list[SourceFile]]):
+        self.root, self.packages = root, packages
+        for files in packages.values():
+            for f in files:
+                self.write(f.path, f.text)
+
+    def path_of(self, corpus_path: str) -> Path:
+        return self.root / package_of(corpus_path) / relative_path(corpus_path)
+
+    def uri(self, corpus_path: str) -> str:
+        return self.path_of(corpus_path).as_uri()
+
+    def write(self, corpus_path: str, text: str) -> None:
+        path = self.path_of(corpus_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+    def folders(self) -> list[dict[str, str]]:
+        return [{"uri": (self.root / name).as_uri(), "name": name} for name in sorted(self.packages)]
+
+
+async def start_server(command: list[str], options: dict, workspace: Workspace) -> LspClient:
+    """The server as an editor starts it: the workspace folders in `initialize` (lsp_client's
+    `initialize` sends none), `options` as its initializationOptions; ready once the model has loaded
+    and answered once."""
+    client = await LspClient.start(command, stderr="discard")
+    ready = asyncio.Event()  # completions answer with nothing while the model loads: wait for its status
+    client.on("llada/status", lambda status: ready.set() if status.get("state") == "ready" else None)
+    capabilities = {"general": {"positionEncodings": [UTF32]}, "workspace": {"workspaceFolders": True}}
+    params = {"processId": os.getpid(), "rootUri": workspace.root.as_uri(), "capabilities": capabilities,
+              "workspaceFolders": workspace.folders(), "initializationOptions": options}  # fmt: skip
+    result = await client.request("initialize", params, 120)
+    client.capabilities = (result or {}).get("capabilities") or {}
+    client.encoding = client.capabilities.get("positionEncoding") or client.encoding
+    client.notify("initialized", {})
+    await asyncio.wait_for(ready.wait(), 300)
+    doc = client.did_open((workspace.root / "warm-up.py").as_uri(), "def f(x):\n    return \n")
+    await complete(client, doc.uri, position(doc, len("def f(x):\n    return "), client.encoding), 300)
+    client.did_close(doc)
+    return client
+
+
+async def complete(client: LspClient, uri: str, at: dict, timeout: float) -> tuple[str, float]:
+    """One inline completion: (the first item's text or "", seconds from request to answer)."""
+    request = client.send("textDocument/inlineCompletion",
+                          {"textDocument": {"uri": uri}, "position": at, "context": {"triggerKind": INVOKED}})  # fmt: skip
+    result = await client.result(request, timeout)
+    items = result.get("items", []) if isinstance(result, dict) else result or []  # a list or an InlineCompletionList
+    return (items[0]["insertText"] if items else ""), request.arrived - request.sent
+
+
+async def ask(client: LspClient, workspace: Workspace, task: CrossFileTask, texts: dict[str, str]) -> tuple[str, float]:
+    """The editor's part of one task: the modules open, then the current file with its hole, one
+    completion at the cursor, everything closed again."""
+    opened = [client.did_open(workspace.uri(p), texts[p]) for p in task.opened]
+    doc = client.did_open(workspace.uri(task.path), task.prefix + task.suffix)
+    text, seconds = await complete(client, doc.uri, position(doc, len(task.prefix), client.encoding), 120)
+    for d in (doc, *opened):
+        client.did_close(d)
+    return cut_to_unit(task.kind, text), seconds
+
+
+async def run_all(commands: dict[str, tuple[list[str], dict]], splits: dict[str, list[CrossFileTask]],
+                  workspace: Workspace, texts: dict[str, str]) -> dict[str, dict[str, Answers]]:  # fmt: skip
+    """Every split's tasks asked of every configuration's server (alternating which goes first)."""
+    servers = {name: await start_server(command, options, workspace) for name, (command, options) in commands.items()}
+    out = {split: {name: Answers() for name in commands} for split in splits}
+    started = time.perf_counter()
+    try:
+        for split, tasks in splits.items():
+            for index, task in enumerate(tasks):
+                workspace.write(task.path, task.prefix + task.suffix)  # the disk never holds the answer
+                for name in list(commands) if index % 2 == 0 else list(commands)[::-1]:
+                    text, seconds = await ask(servers[name], workspace, task, texts)
+                    out[split][name].texts.append(text)
+                    out[split][name].seconds.append(seconds)
+                workspace.write(task.path, texts[task.path])
+                if (index + 1) % 50 == 0:
+                    print(f"[{split}: {index + 1}/{len(tasks)}, {time.perf_counter() - started:.0f}s]",
+                          file=sys.stderr, flush=True)  # fmt: skip
+    finally:
+        for client in servers.values():
+            await client.shutdown(30)
+    return out
+
+
+def right(tasks: list[CrossFileTask], answers: Answers) -> list[bool]:
+    return [first_line(a) == first_line(t.middle) for t, a in zip(tasks, answers.texts)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def single_file_tasks(current: list[SourceFile], packages: dict[str, list[SourceFile]], n: int,
+                      seed: int) -> list[CrossFileTask]:  # fmt: skip
+    """The held-out infill tasks of eval-infill (same cutter) on these files, with the modules each
+    file imports (or, for a file that imports none, other files of its package) open too."""
+    out = []
+    for t in make_tasks(n, seed, current, kinds=CROSS_FILE_KINDS):
+        package = packages[package_of(t.path)]
+        f = next(f for f in package if f.path == t.path)
+        imported = [g.path for g in imported_modules(f, modules_of(package))]
+        others = imported or [g.path for g in package if g.path != f.path]
+        out.append(CrossFileTask(t.kind, t.path, t.prefix, t.middle, t.suffix, "", tuple(others[:MAX_OPEN])))
+    return out
+
+
+def report(splits: dict[str, list[CrossFileTask]], answers: dict[str, dict[str, Answers]]) -> tuple[Table, list[str]]:
+    table = Table(["tasks", "kind", "n", "first-line EM on", "first-line EM off", "only on", "only off", "sign p",
+                   "p50 on ms", "p50 off ms", "p95 on ms", "p95 off ms"])  # fmt: skip
+    notes = []
+    for split, tasks in splits.items():
+        for kind in (*CROSS_FILE_KINDS, "all"):
+            idx = [i for i, t in enumerate(tasks) if kind in ("all", t.kind)]
+            if not idx:
+                continue
+            on, off = answers[split]["on"], answers[split]["off"]
+            r_on, r_off = right(tasks, on), right(tasks, off)
+            only_on = sum(r_on[i] and not r_off[i] for i in idx)
+            only_off = sum(r_off[i] and not r_on[i] for i in idx)
+            s_on, s_off = [on.seconds[i] for i in idx], [off.seconds[i] for i in idx]
+            table.add(split, kind, len(idx), f"{sum(r_on[i] for i in idx) / len(idx):.1%}",
+                      f"{sum(r_off[i] for i in idx) / len(idx):.1%}", only_on, only_off,
+                      f"{sign_test(only_on, only_off):.3g}", f"{percentile(s_on, 0.5) * 1000:.0f}",
+                      f"{percentile(s_off, 0.5) * 1000:.0f}", f"{percentile(s_on, 0.95) * 1000:.0f}",
+                      f"{percentile(s_off, 0.95) * 1000:.0f}")  # fmt: skip
+            if kind == "all":
+                notes.append(f"{split}: context on right where off is wrong on {only_on} tasks, off right where on "
+                             f"is wrong on {only_off} (two-sided sign test p = {sign_test(only_on, only_off):.3g})")  # fmt: skip
+    return table, notes
+
+
+def eval_cross_file_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="llada-lab eval-infill --cross-file", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cross-file", action="store_true", help="(this evaluation; as `eval-infill` dispatches it)")
+    ap.add_argument("--n", type=int, default=130, help="cross-file tasks per kind (default: %(default)s; fewer "
+                    "when the split has fewer such lines)")  # fmt: skip
+    ap.add_argument("--single-file-n", type=int, default=60,
+                    help="single-file held-out tasks per kind, asked with other files open (default: %(default)s; 0: none)")  # fmt: skip
+    ap.add_argument("--seed", type=int, default=1234, help="which tasks are cut (default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=1, help="each server's model threads (default: %(default)s)")
+    ap.add_argument("--model", default=None, help="model folder (default: the embedded model)")
+    ap.add_argument("--corpus", type=Path, default=DEFAULT_CACHE,
+                    help="the corpus folder: its held-out third-party split is cut, its training split completes "
+                         "each package's workspace (default: %(default)s)")  # fmt: skip
+    add_markdown_argument(ap)
+    args = ap.parse_args(argv)
+    paths = {split: args.corpus / SPLIT_FILES[split] for split in ("heldout-thirdparty", "train")}
+    for split, path in paths.items():
+        if not path.is_file():
+            print(f"{ap.prog}: no {split} split at {path} (build it with `llada-lab corpus`)", file=sys.stderr)
+            return 2
+    current = load(paths["heldout-thirdparty"])
+    packages = group_by_package(current, load(paths["train"]))
+    splits = {"cross-file": make_cross_file_tasks(current, packages, args.n, args.seed)}
+    if args.single_file_n:
+        splits["single-file"] = single_file_tasks(current, packages, args.single_file_n, args.seed)
+    texts = {f.path: f.text for files in packages.values() for f in files}
+    base = [sys.executable, "-m", "llada_lsp", "--engine", "local", "--threads", str(args.threads)] + (
+        ["--model", args.model] if args.model else [])  # fmt: skip
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="llada-cross-file-") as tmp:
+        workspace = Workspace(Path(tmp), packages)
+        commands = {name: (base, options) for name, options in CONFIGS.items()}
+        answers = asyncio.run(run_all(commands, splits, workspace, texts))
+    counts = ", ".join(f"{split} {len(tasks)}" for split, tasks in splits.items())
+    caption = (f"Cross-file infill through the real server (stdio), contextFiles on vs off: model "
+               f"{args.model or 'embedded'}, seed {args.seed}, tasks {counts}, server threads {args.threads}, "
+               f"{time.time() - started:.0f} s")  # fmt: skip
+    table, notes = report(splits, answers)
+    notes.append("Prefix-cache hit rate: not reachable from the LSP with the in-process engine "
+                 "(llada.status does not report it; `llada-lsp engine status` does for the engine service).")  # fmt: skip
+    print(caption, table.text(), "", *notes, sep="\n")
+    if args.markdown:
+        out = Report("Context from other files (cross-file infill)")
+        out.table(table, caption + ". Latency from the request to its answer, client side, on this machine.")
+        out.note("\n".join(f"- {line}" for line in notes))
+        out.write(args.markdown)
+    return 0

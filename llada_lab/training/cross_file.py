@@ -1,0 +1,239 @@
+"""Cross-file infill tasks: holes in held-out files of a third-party package whose right answer uses a
+name that only another module of the same package, one the file imports, defines.
+
+Knows corpus files, Python imports and names; nothing of tokens, models, servers or editors. A task
+carries the package's files (the editor's workspace) and which of them hold the name (the documents
+the editor has open). The harness that answers them through the real server is
+`llada-lab eval-infill --cross-file` (commands/eval_cross_file.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import io
+import keyword
+import random
+import re
+import tokenize
+from collections import defaultdict
+from dataclasses import dataclass
+
+from .corpus import SourceFile
+
+CROSS_FILE_KINDS = ("rest_of_line", "whole_line")
+MIN_NAME = 4  # shorter names (`id`, `key`, `obj`) are guessed too easily to show that context is used
+MAX_OPEN = 3  # imported modules opened in the editor per task, at most
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_COMMON = frozenset(dir(builtins)) | frozenset(keyword.kwlist) | {"self", "cls", "None", "True", "False"}
+
+
+@dataclass(frozen=True)
+class CrossFileTask:
+    kind: str
+    path: str  # the current file's corpus path (pypi/NAME/REL)
+    prefix: str
+    middle: str
+    suffix: str
+    name: str  # the name of another module the answer's first line uses
+    opened: tuple[str, ...]  # corpus paths of the imported modules that define it (open in the editor)
+
+
+def package_of(path: str) -> str:
+    """`pypi/NAME/REL` -> NAME."""
+    parts = path.split("/")
+    if len(parts) < 3 or parts[0] != "pypi":
+        raise ValueError(f"{path!r} is not a third-party corpus path (pypi/NAME/...)")
+    return parts[1]
+
+
+def relative_path(path: str) -> str:
+    """`pypi/NAME/REL` -> REL, the file's place in the package's sdist (and in the editor's workspace)."""
+    return path.split("/", 2)[2]
+
+
+def module_name(path: str) -> str | None:
+    """The dotted module a file is imported as: its place in the sdist, a leading `src/` dropped,
+    `__init__` naming its package. None: not a module name (a dash, a dot in a folder's name)."""
+    rel = relative_path(path)
+    if rel.startswith("src/"):
+        rel = rel[len("src/") :]
+    parts = rel[: -len(".py")].split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    if not parts or not all(p.isidentifier() for p in parts):
+        return None
+    return ".".join(parts)
+
+
+def modules_of(files: list[SourceFile]) -> dict[str, SourceFile]:
+    """Dotted module name -> its file, for one package's files."""
+    found = {}
+    for f in sorted(files, key=lambda f: f.path):
+        name = module_name(f.path)
+        if name is not None:
+            found.setdefault(name, f)
+    return found
+
+
+def imported_modules(f: SourceFile, modules: dict[str, SourceFile]) -> list[SourceFile]:
+    """The package's modules `f` imports (absolute or relative; `from P import M` where M is a module
+    counts as M), in the order of its import statements, each once."""
+    here = module_name(f.path)
+    try:
+        tree = ast.parse(f.text)
+    except (SyntaxError, ValueError):
+        return []
+    package_parts = (here or "").split(".")
+    if here is not None and not f.path.endswith("__init__.py"):
+        package_parts = package_parts[:-1]
+    found: list[SourceFile] = []
+
+    def add(name: str) -> None:
+        g = modules.get(name)
+        if g is not None and g.path != f.path and g not in found:
+            found.append(g)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                if here is None or node.level - 1 > len(package_parts):
+                    continue
+                base = package_parts[: len(package_parts) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                if f"{target}.{alias.name}" in modules:
+                    add(f"{target}.{alias.name}")
+                else:
+                    add(target)
+    return found
+
+
+def defined_names(text: str) -> set[str]:
+    """Names a module defines for others to use: functions, classes, methods, their parameters,
+    assigned names and attributes (`self.x = ...`)."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return set()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+    return {n for n in names if len(n) >= MIN_NAME and n not in _COMMON and not n.startswith("__")}
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    path: str
+    line_start: int  # str offset of the line in the file
+    line: str  # without its newline
+    name: str
+    column: int  # where the name first occurs in the line
+    opened: tuple[str, ...]
+
+
+def code_names(text: str) -> dict[int, dict[str, int]]:
+    """Line index -> {identifier: column of its first use there}, for identifiers the tokenizer reads as
+    code (names in strings, docstrings and comments left out)."""
+    out: dict[int, dict[str, int]] = defaultdict(dict)
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.NAME and not keyword.iskeyword(tok.string):
+                out[tok.start[0] - 1].setdefault(tok.string, tok.start[1])
+    except (tokenize.TokenError, SyntaxError):
+        return {}
+    return out
+
+
+def _candidates(f: SourceFile, imported: list[SourceFile]) -> list[_Candidate]:
+    """Every (line, name) of `f` where the line's code uses a name an imported module defines and the
+    rest of the file never mentions, not even in a comment (so only the other module can tell it)."""
+    defined = {g.path: defined_names(g.text) for g in imported}
+    mentions: dict[str, int] = defaultdict(int)
+    for ident in _IDENT.findall(f.text):
+        mentions[ident] += 1
+    names_by_line = code_names(f.text)
+    out, start = [], 0
+    for index, line in enumerate(f.text.splitlines(keepends=True)):
+        body = line.rstrip("\r\n")
+        if not body.lstrip().startswith(("import ", "from ")):
+            counts: dict[str, int] = defaultdict(int)
+            for ident in _IDENT.findall(body):
+                counts[ident] += 1
+            for ident, column in names_by_line.get(index, {}).items():
+                if mentions[ident] != counts[ident]:  # mentioned elsewhere in the file: not cross-file
+                    continue
+                holders = tuple(p for p, names in defined.items() if ident in names)[:MAX_OPEN]
+                if holders:
+                    out.append(_Candidate(f.path, start, body, ident, column, holders))
+        start += len(line)
+    return out
+
+
+def make_cross_file_tasks(current: list[SourceFile], package_files: dict[str, list[SourceFile]], n_per_kind: int,
+                          seed: int = 1234, kinds: tuple[str, ...] = CROSS_FILE_KINDS) -> list[CrossFileTask]:  # fmt: skip
+    """Deterministic tasks: `n_per_kind` holes of each kind in the files of `current` (held-out files
+    that parse), each answer's first line using a name defined only in a module of the same package
+    (from `package_files`, package name -> all its files) that the file imports. One hole per
+    (file, line) at most per kind; fewer tasks when fewer such lines exist."""
+    rng = random.Random(seed)
+    candidates: list[_Candidate] = []
+    for f in sorted(current, key=lambda f: f.path):
+        try:
+            ast.parse(f.text)
+        except (SyntaxError, ValueError):
+            continue
+        modules = modules_of(package_files.get(package_of(f.path), []))
+        imported = imported_modules(f, modules)
+        if imported:
+            candidates += _candidates(f, imported)
+    by_line: dict[tuple[str, int], list[_Candidate]] = defaultdict(list)
+    for c in candidates:
+        by_line[(c.path, c.line_start)].append(c)
+    lines = sorted(by_line)
+    texts = {f.path: f.text for f in current}
+    tasks = []
+    for kind in kinds:
+        order = lines[:]
+        rng.shuffle(order)
+        made = 0
+        for key in order:
+            if made >= n_per_kind:
+                break
+            c = rng.choice(by_line[key])
+            indent = len(c.line) - len(c.line.lstrip())
+            if kind == "rest_of_line":
+                if c.column <= indent + 1:
+                    continue  # the cursor goes inside the line's code, before the name
+                col = rng.randint(indent + 1, c.column)
+            else:
+                col = indent
+            text, a = texts[c.path], c.line_start + col
+            b = c.line_start + len(c.line)
+            tasks.append(CrossFileTask(kind, c.path, text[:a], text[a:b], text[b:], c.name, c.opened))
+            made += 1
+    return tasks
+
+
+def group_by_package(*corpora: list[SourceFile]) -> dict[str, list[SourceFile]]:
+    """Package name -> its files, from corpus files of any split (standard-library files left out)."""
+    out: dict[str, list[SourceFile]] = defaultdict(list)
+    seen: set[str] = set()
+    for files in corpora:
+        for f in files:
+            if f.path.startswith("pypi/") and f.path not in seen:
+                seen.add(f.path)
+                out[package_of(f.path)].append(f)
+    return dict(out)

@@ -1,0 +1,85 @@
+"""The cross-file task cutter (pure: imports, names, holes) and `llada-lab eval-infill --cross-file`
+through the real servers on a small package written to a corpus folder."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from llada_lab.training.corpus import SourceFile
+from llada_lab.training.cross_file import (
+    group_by_package,
+    imported_modules,
+    make_cross_file_tasks,
+    module_name,
+    modules_of,
+)
+
+MODELS = SourceFile(
+    "pypi/shop/src/shop/models.py",
+    "class Basket:\n    def __init__(self, owner):\n        self.owner = owner\n        self.items = []\n\n"
+    "    def add_article(self, article, quantity=1):\n        self.items.append((article, quantity))\n\n\n"
+    "def total_price(basket, price_list):\n    return sum(price_list[a] * q for a, q in basket.items)\n",
+)
+PRICES = SourceFile("pypi/shop/src/shop/util/prices.py", "DEFAULT_PRICES = {'apple': 3}\n")
+CURRENT = SourceFile(
+    "pypi/shop/src/shop/checkout.py",
+    "from . import models\nfrom .util import prices\n\n\ndef checkout(owner, articles):\n"
+    "    basket = models.Basket(owner)\n    for article in articles:\n        basket.add_article(article)\n"
+    "    return models.total_price(basket, prices.DEFAULT_PRICES)\n",
+)
+PACKAGE = [MODELS, PRICES, CURRENT]
+
+
+def test_module_names_follow_the_sdist_layout():
+    assert module_name("pypi/shop/src/shop/models.py") == "shop.models"
+    assert module_name("pypi/shop/shop/__init__.py") == "shop"
+    assert module_name("pypi/shop/tests/test-x.py") is None
+
+
+def test_relative_imports_resolve_to_the_package_modules():
+    found = imported_modules(CURRENT, modules_of(PACKAGE))
+    assert [f.path for f in found] == [MODELS.path, PRICES.path]
+
+
+def test_holes_use_a_name_only_the_imported_module_defines():
+    tasks = make_cross_file_tasks([CURRENT], group_by_package(PACKAGE), 10, seed=3)
+    assert {t.kind for t in tasks} == {"rest_of_line", "whole_line"}
+    for t in tasks:
+        assert t.prefix + t.middle + t.suffix == CURRENT.text
+        assert t.name in t.middle.split("\n")[0], "the right answer's first line uses the name"
+        assert t.name not in t.prefix and t.name not in t.suffix, "the file alone cannot tell the name"
+        assert t.opened and all(t.name in dict((f.path, f.text) for f in PACKAGE)[p] for p in t.opened)
+    names = {t.name for t in tasks}
+    assert "add_article" in names and "total_price" in names and "Basket" in names
+    assert "owner" not in names and "basket" not in names, "names the file mentions elsewhere are not cross-file"
+    again = make_cross_file_tasks([CURRENT], group_by_package(PACKAGE), 10, seed=3)
+    assert again == tasks, "the same seed cuts the same tasks"
+
+
+def test_names_in_strings_and_comments_are_not_holes():
+    text = 'from . import models\n\n\ndef f():\n    """Calls total_price."""\n    return 1  # add_article\n'
+    current = SourceFile("pypi/shop/src/shop/doc.py", text)
+    assert make_cross_file_tasks([current], group_by_package([MODELS, current]), 10, seed=1) == []
+
+
+def test_the_command_runs_the_real_servers(tmp_path: Path):
+    """On and off with the embedded model over stdio: every task answered by both, the table and the
+    sign-test lines printed, the markdown written."""
+    for name, files in (("heldout-thirdparty", [CURRENT]), ("train", [MODELS, PRICES])):
+        with gzip.open(tmp_path / f"{name}.jsonl.gz", "wt", encoding="utf-8") as f:
+            for sf in files:
+                f.write(json.dumps({"path": sf.path, "text": sf.text}) + "\n")
+    md = tmp_path / "out.md"
+    done = subprocess.run([sys.executable, "-m", "llada_lab", "eval-infill", "--cross-file", "--corpus", str(tmp_path),
+                           "--n", "2", "--single-file-n", "1", "--markdown", str(md)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {tuple(line.split()[:3]) for line in done.stdout.splitlines()}
+    assert ("cross-file", "all", "4") in rows and ("single-file", "all", "2") in rows
+    assert re.search(r"cross-file: context on right where off is wrong on \d+ tasks", done.stdout)
+    assert "contextFiles on vs off" in md.read_text()
