@@ -132,3 +132,40 @@ def test_step_bench_of_llada22_routes_per_block_and_ranks_the_edit_candidates(ca
     assert [r[0] for r in table(out)] == ["2 of 3", "3 (projected)"]
     assert "block routing 8 of 16" in out and "InDel candidates" in out
     assert seen and all(blocks is not None for blocks in seen) and ranked
+
+
+# --- the CPU step against its matmul floor (bench_floor.py) -----------------------------------------
+def test_the_floor_counts_the_steps_arithmetic():
+    """The floor's GEMMs of a 32-query step are the model's multiply-adds, counted by hand: per layer
+    QKV, the attention's two matmuls over S keys, the output projection, then the dense MLP or the
+    router, each routed expert at its tokens and the shared expert; the lm_head over decided rows."""
+    from llada_lsp.commands.bench_floor import StepShape, gemms
+
+    model = load_model(None, device="cpu", dtype=torch.float32)
+    c = model.config
+    C, I, Ie, E = c.hidden_size, c.intermediate_size, c.moe_intermediate_size, c.num_experts
+    routed = tuple((8, 0, 16, 0, 24, 0, 16, 0) for _ in range(c.num_hidden_layers - 1))
+    shape = StepShape(B=1, T=32, S=480, R=32, routed=routed)
+    macs = 0
+    for kind, a, b in gemms(model, shape):
+        assert a[-1] == b[-1]  # [.., k] x [out, k]^T
+        macs += (a[0] if kind == "bmm" else 1) * a[-2] * a[-1] * b[-2]
+    attention = 32 * (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim * C + 32 * C * C  # H * D = C here
+    attention += 2 * c.num_attention_heads * 32 * c.head_dim * 480
+    dense = 3 * 32 * C * I
+    moe = 32 * C * E + 3 * (8 + 16 + 24 + 16) * C * Ie + 3 * 32 * C * Ie * c.num_shared_experts
+    assert macs == c.num_hidden_layers * attention + dense + (c.num_hidden_layers - 1) * moe + 32 * C * c.vocab_size
+
+
+@pytest.mark.slow
+def test_the_floor_bench_prints_and_publishes_both_cases(capsys, tmp_path, restore_threads):
+    assert bench.bench_main(["--floor", "--threads", "1", "--reps", "1", "--repeat", "1",
+                             "--markdown", str(tmp_path / "floor.md")]) == 0  # fmt: skip
+    rows = table(capsys.readouterr().out)
+    assert [r[:2] for r in rows] == [["1", "cold block"], ["1", "draft checked ahead"]]
+    cold, ahead = rows
+    assert cold[3:5] == ["32", "32"] and int(ahead[4]) > 32  # a draft's forward decides several blocks
+    for row in rows:
+        step, floor, ratio = float(row[5]), float(row[6]), float(row[7].rstrip("x"))
+        assert 0 < floor and step > 0 and abs(ratio - step / floor) < 0.01
+    assert table((tmp_path / "floor.md").read_text()) == rows

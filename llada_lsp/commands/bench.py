@@ -1,6 +1,7 @@
 """`llada-lsp bench`: the cached engine against the recompute-everything loop (the reference algorithm),
-side by side in one run, on a random checkpoint of the LLaDA2 architecture; and with `--shape`, one
-denoising step at a real model's shapes against the memory-bandwidth floor.
+side by side in one run, on a random checkpoint of the LLaDA2 architecture; with `--shape`, one
+denoising step at a real model's shapes against the memory-bandwidth floor; with `--floor`, the CPU step
+of the embedded model against its matmul floor (bench_floor.py).
 
 Knows the model and the engine's step rule, never the LSP. The random network of the engine comparison
 gets a golden-style lm_head (noise plus each token's own embedding direction) so that unmasked positions
@@ -81,9 +82,15 @@ def bench_main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a == "--shape" or a.startswith("--shape=") for a in argv):
         return step_main(argv)
+    if "--floor" in argv:
+        from .bench_floor import floor_main
+
+        return floor_main(argv)
     ap = argparse.ArgumentParser(prog="llada-lsp bench", description=__doc__.split("\n\n")[0],
                                  epilog="With --shape: one denoising step at a real model's shapes "
-                                        "(`llada-lsp bench --shape llada2.1-mini --help`).")  # fmt: skip
+                                        "(`llada-lsp bench --shape llada2.1-mini --help`). With --floor: the "
+                                        "CPU step of the embedded model against its matmul floor "
+                                        "(`llada-lsp bench --floor --help`).")  # fmt: skip
     ap.add_argument("--prompt-lengths", default="256,1024,2048", help="comma-separated prompt lengths")
     ap.add_argument("--gen-length", type=int, default=64, help="tokens generated per run (default: 64)")
     ap.add_argument("--mode", default="speed", choices=list(PRESETS), help="decoding preset (default: speed)")

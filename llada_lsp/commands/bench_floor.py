@@ -1,0 +1,227 @@
+"""`llada-lsp bench --floor`: the CPU denoising step against its matmul floor, the time of the step's own
+GEMMs alone at the same shapes, for a cold block and for a draft checked ahead, at 1 and 2 threads.
+
+Knows the model's shapes and the engine's public API (a generation is a generator of steps), never the
+LSP. The floor is counted from the arithmetic of each timed step (its queries, keys and decided rows,
+and the experts its router chose), not from whatever the implementation happens to run, so a step that
+multiplied more than it needs to would not raise its own floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..engine import Engine
+from ..model import LLaDA2, load_model
+from ..report import Report, Table, add_markdown_argument
+
+COLD_PROMPT = 416  # whole blocks; with 64 generated tokens, the issue's measure (480 of 512 positions)
+AHEAD_PROMPT = 320  # with a 160-token draft: the embedded model's 512 positions
+AHEAD_DRAFT = 160
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one denoising forward multiplies: B rows of T queries against S keys, R decided rows (the
+    lm_head's), and per MoE layer the tokens each routed expert took."""
+
+    B: int
+    T: int
+    S: int
+    R: int
+    routed: tuple[tuple[int, ...], ...]  # [MoE layer][expert] token counts
+
+
+def gemms(model: LLaDA2, shape: StepShape) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """The step's matmuls as ("mm" | "bmm", a's shape, b's shape); a weight operand [in, out] is the
+    transposed view of its [out, in] parameter, as nn.Linear multiplies it."""
+    c = model.config
+    C, H, K, D, V = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size
+    B, T, S = shape.B, shape.T, shape.S
+    N = B * T
+    out = []
+    routed = iter(shape.routed)
+    for layer in model.model.layers:
+        out.append(("mm", (N, C), ((H + 2 * K) * D, C)))  # query_key_value
+        out.append(("bmm", (B * H, T, D), (B * H, S, D)))  # scores: q k^T
+        out.append(("bmm", (B * H, T, S), (B * H, D, S)))  # the values' weighted sum: p v
+        out.append(("mm", (N, H * D), (C, H * D)))  # dense
+        mlp = layer.mlp
+        if hasattr(mlp, "experts"):
+            E, _, I = mlp.experts.w_gate.shape[0], C, mlp.experts.w_gate.shape[1]
+            out.append(("mm", (N, C), (E, C)))  # router
+            for n in next(routed):
+                if n:
+                    out += [("mm", (n, C), (I, C)), ("mm", (n, C), (I, C)), ("mm", (n, I), (C, I))]
+            mlp = mlp.shared_experts
+        if mlp is not None:
+            inner = mlp.gate_proj.weight.shape[0]
+            out += [("mm", (N, C), (inner, C)), ("mm", (N, C), (inner, C)), ("mm", (N, inner), (C, inner))]
+    out.append(("mm", (shape.B * shape.R, C), (V, C)))  # lm_head over the decided rows
+    return out
+
+
+class Floor:
+    """Times a step's GEMMs alone: operands made once per shape, results written into preallocated
+    outputs, the list run as one call and timed as the step is (wall clock, median of `repeat`)."""
+
+    def __init__(self, model: LLaDA2, repeat: int):
+        self.model, self.repeat = model, repeat
+        self.operands: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.gen = torch.Generator().manual_seed(0)
+
+    def _operands(self, kind: str, a: tuple[int, ...], b: tuple[int, ...]):
+        key = (kind, a, b)
+        if key not in self.operands:
+            x = torch.randn(a, generator=self.gen)
+            w = torch.randn(b, generator=self.gen).transpose(-1, -2)  # [in, out] as a view of [out, in]
+            self.operands[key] = (x, w, torch.empty(*a[:-1], w.shape[-1]))
+        return self.operands[key]
+
+    def ms(self, shape: StepShape) -> float:
+        calls = [(torch.mm if kind == "mm" else torch.bmm, *self._operands(kind, a, b))
+                 for kind, a, b in gemms(self.model, shape)]  # fmt: skip
+        times = []
+        for _ in range(self.repeat):
+            t = time.perf_counter()
+            for op, x, w, out in calls:
+                op(x, w, out=out)
+            times.append(time.perf_counter() - t)
+        return statistics.median(times) * 1000
+
+
+class StepRecorder:
+    """Hooks on the model that note each forward's StepShape (its keys from the engine's view, the
+    routed experts from each router's choice); removed by `close`."""
+
+    def __init__(self, model: LLaDA2):
+        self.shapes: list[StepShape] = []
+        self._routed: list[tuple[int, ...]] = []
+        self._pending: tuple[int, int, int, int] | None = None
+        E = model.config.num_experts
+        self.hooks = [model.register_forward_pre_hook(self._start, with_kwargs=True),
+                      model.register_forward_hook(self._end)]  # fmt: skip
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "gate"):
+                self.hooks.append(layer.mlp.gate.register_forward_hook(
+                    lambda m, i, out: self._routed.append(tuple(torch.bincount(out[0].flatten(), minlength=E).tolist()))
+                ))  # fmt: skip
+
+    def _start(self, model, args, kwargs) -> None:
+        B, T = args[0].shape
+        kv, last_n = kwargs.get("kv"), kwargs.get("last_n")
+        S = kv.reads.shape[1] if kv is not None and getattr(kv, "reads", None) is not None else T
+        self._pending, self._routed = (B, T, S, T if last_n is None else last_n), []
+
+    def _end(self, model, args, out) -> None:
+        B, T, S, R = self._pending
+        if R:  # a prefill (last_n=0) is no denoising step
+            self.shapes.append(StepShape(B, T, S, R, tuple(self._routed)))
+
+    def close(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+
+
+@dataclass
+class Timed:
+    ms: list[float]  # each timed step, wall clock, the engine's whole step (host work included)
+    floor: list[float]  # each timed step's GEMMs alone
+    queries: list[int]
+    decided: list[int]
+
+
+def time_steps(engine: Engine, settings, reps: int, floor: Floor, keep) -> Timed:
+    """`reps` generations of `settings` after a warm-up one, which also caches the prompt's blocks (no
+    timed step pays a prefill); each step timed from the last one's end, kept where `keep(shape)`."""
+    engine.generation(**settings).run()
+    timed = Timed([], [], [], [])
+    for _ in range(reps):
+        recorder = StepRecorder(engine.model)
+        ms = []
+        try:
+            gen = engine.generation(**settings)
+            t = time.perf_counter()
+            for _ in gen:
+                now = time.perf_counter()
+                ms.append((now - t) * 1000)
+                t = now
+        finally:
+            recorder.close()
+        if gen.result.prefill_forwards or len(ms) != len(recorder.shapes):
+            raise RuntimeError("a timed generation ran a prefill: the prompt's blocks were not cached")
+        for step_ms, shape in zip(ms, recorder.shapes):
+            if keep(shape):
+                timed.ms.append(step_ms)
+                timed.floor.append(floor.ms(shape))
+                timed.queries.append(shape.T)
+                timed.decided.append(shape.R)
+    return timed
+
+
+def floor_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="llada-lsp bench --floor", description=(
+        "The CPU denoising step of a model (default: the embedded one) against its matmul floor: the "
+        "same GEMMs at the same shapes alone (the attention's two included), timed the same way, and "
+        "their ratio; for a cold block (one block of 32 queries) and for a draft checked ahead (the "
+        "blocks one forward decides), at each thread count."))  # fmt: skip
+    ap.add_argument("--floor", action="store_true", required=True, help="this table (rather than the engine comparison)")
+    ap.add_argument("--model", default=None, help="model folder (default: the embedded model)")
+    ap.add_argument("--threads", default="1,2", help="comma-separated torch thread counts (default: 1,2)")
+    ap.add_argument("--reps", type=int, default=5, help="timed generations per case (default: 5)")
+    ap.add_argument("--repeat", type=int, default=5, help="runs of each step's GEMMs, their median (default: 5)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the prompts and the draft (default: 0)")
+    add_markdown_argument(ap)
+    args = ap.parse_args(argv)
+    model = load_model(args.model, device="cpu", dtype=torch.float32)
+    c = model.config
+    if COLD_PROMPT + 64 > c.max_position_embeddings or AHEAD_PROMPT + AHEAD_DRAFT > c.max_position_embeddings:
+        raise SystemExit(f"--model: {c.max_position_embeddings} positions; the cases need {COLD_PROMPT + 64}")
+    gen = torch.Generator().manual_seed(args.seed)
+    words = c.vocab_size - 8  # ordinary ids, away from the special ones at either end
+
+    def ids(n: int) -> list[int]:
+        return (torch.randint(8, words, (n,), generator=gen)).tolist()
+
+    cold = dict(prompt_ids=ids(COLD_PROMPT), gen_length=64, policy="speed")
+    ahead = dict(prompt_ids=ids(AHEAD_PROMPT), gen_length=AHEAD_DRAFT, policy="speed", init_ids=ids(AHEAD_DRAFT))
+    bs = 32
+    cases = [("cold block", cold, lambda s: s.R == bs), ("draft checked ahead", ahead, lambda s: s.R > bs)]
+    table = Table(["threads", "case", "steps timed", "queries", "decided rows", "step ms p50", "floor ms p50",
+                   "step / floor"])  # fmt: skip
+    caption = (f"{'the embedded model' if args.model is None else args.model}: {c.num_hidden_layers} layers, hidden "
+               f"{c.hidden_size}, {c.num_experts} experts top-{c.num_experts_per_tok} + {c.num_shared_experts} shared, "
+               f"vocab {c.vocab_size}; CPU, float32, mode speed; cold: a {COLD_PROMPT}-token prompt, 64 tokens; "
+               f"ahead: a {AHEAD_PROMPT}-token prompt and a {AHEAD_DRAFT}-token random draft, the steps that decide "
+               f"more than one block; prompt blocks cached (no timed step pays a prefill); {args.reps} generations "
+               f"per case, each step's GEMMs run {args.repeat} times")  # fmt: skip
+    print(caption)
+    print(table.markdown(), flush=True)
+    before = torch.get_num_threads()
+    try:
+        for threads in (int(t) for t in args.threads.split(",")):
+            torch.set_num_threads(threads)
+            floor = Floor(model, args.repeat)
+            for name, settings, keep in cases:
+                t = time_steps(Engine(model), settings, args.reps, floor, keep)
+                if not t.ms:
+                    raise SystemExit(f"{name}: no step of that kind ran")
+                step, bottom = statistics.median(t.ms), statistics.median(t.floor)
+                table.add(threads, name, len(t.ms), f"{statistics.mean(t.queries):.0f}",
+                          f"{statistics.mean(t.decided):.0f}", f"{step:.2f}", f"{bottom:.2f}", f"{step / bottom:.2f}x")  # fmt: skip
+                print(table.markdown().splitlines()[-1], flush=True)
+    finally:
+        torch.set_num_threads(before)
+    if args.markdown:
+        report = Report("The CPU denoising step against its matmul floor")
+        report.table(table, caption + ". The floor: the step's own GEMMs (per layer the fused QKV projection, the "
+                     "attention's scores and weighted sum, the output projection, the router, each routed expert at "
+                     "the tokens it took, the shared expert or dense MLP; the lm_head over the decided rows) alone, "
+                     "on preallocated operands of the same shapes.")  # fmt: skip
+        report.write(args.markdown)
+    return 0
