@@ -189,12 +189,16 @@ class LspClient:
 
     # --- what every editor does --------------------------------------------------------------------
     async def initialize(self, capabilities: dict | None = None, options: dict | None = None,
-                         encodings: Iterable[str] = (UTF16,), timeout: float | None = None) -> dict:  # fmt: skip
+                         encodings: Iterable[str] = (UTF16,), timeout: float | None = None,
+                         workspace: str | None = None) -> dict:  # fmt: skip
         """initialize, offering `encodings` (in the order preferred), then initialized; the result. The
-        position encoding the server chose is `encoding` from here on."""
+        position encoding the server chose is `encoding` from here on. `workspace`: a folder's file: URI,
+        sent as the root and the one workspace folder (the server reads imported modules under it)."""
         capabilities = dict(capabilities or {})
         capabilities["general"] = {**capabilities.get("general", {}), "positionEncodings": list(encodings)}
-        params: dict[str, Any] = {"processId": os.getpid(), "rootUri": None, "capabilities": capabilities}
+        params: dict[str, Any] = {"processId": os.getpid(), "rootUri": workspace, "capabilities": capabilities}
+        if workspace is not None:
+            params["workspaceFolders"] = [{"uri": workspace, "name": workspace.rstrip("/").rsplit("/", 1)[-1]}]
         if options is not None:
             params["initializationOptions"] = options
         result = await self.request("initialize", params, timeout)

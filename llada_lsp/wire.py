@@ -24,7 +24,9 @@ from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 
 import msgpack
 
-VERSION = 3  # 2: done's `steps` became `step` (done is the last draft); 3: status's family, decoding, family_line
+# 2: done's `steps` became `step` (done is the last draft); 3: status's family, decoding, family_line;
+# 4: infill's `context`, `context_share` and `warm` (snippets of other files: a version-3 service refuses them)
+VERSION = 4
 MAX_FRAME = 16 * 2**20  # a 2 MB document's window is far smaller; anything this big is a broken peer
 MAX_ITEMS = 256  # entries in any map or list of a frame
 _HEADER = struct.Struct(">I")
@@ -98,6 +100,13 @@ class Infill(Message):
     # it began. Absent: a cold start from masks.
     draft: str | None = None
     typed: int | None = None
+    # Snippets of the client's other files, most alike first: [{"path", "text"}] (at most 16, each at
+    # most 8000 characters: completion/context.py), and the percent of the prompt they may take.
+    context: list[dict[str, str]] | None = None
+    context_share: int | None = None
+    # Only prefill the prompt (the prefix cache keeps it) in idle time: a new set of snippets is made
+    # ready before the next keystroke needs it. Answered `done` with what the one step made, unshown.
+    warm: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,14 @@ import dataclasses
 from dataclasses import dataclass
 
 from .. import wire
+from . import context as snippets
 from .codec import without_surrogates
+from .context import Snippet
 from .prompt import CHARS_PER_TOKEN
 
 MAX_TOKENS = 64  # a completion's length, unless a request says otherwise (the server's maxCompletionTokens)
 CONTEXT_TOKENS = 1024  # the prompt's budget, unless a request says otherwise (the server's contextTokens)
+MAX_CONTEXT_SHARE = 75  # percent of the prompt other files' snippets may take at most: the window keeps a quarter
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,11 @@ class Infill:
     context_tokens: int
     draft: str | None = None
     typed: int = 0
+    # Snippets of other files, most alike first, and the percent of the prompt they may take at most
+    # (completion/context.py; the front chose them). `warm`: prefill the prompt only (idle time).
+    context: tuple[Snippet, ...] = ()
+    context_share: int = 0
+    warm: bool = False
 
     @classmethod
     def at(cls, text: str, cursor: int, mode: str, max_tokens: int = MAX_TOKENS,
@@ -96,8 +104,10 @@ def to_wire(job: Job, request_id: int, key: str, drafts: bool) -> wire.Infill | 
     before, after = without_surrogates(job.before), without_surrogates(job.after)
     if isinstance(job, Infill):
         draft = None if job.draft is None else without_surrogates(job.draft)
+        context = [{"path": without_surrogates(s.path), "text": without_surrogates(s.text)} for s in job.context]
         return wire.Infill(request_id, key, before, after, job.mode, job.max_tokens, job.context_tokens, drafts,
-                           draft, job.typed if draft is not None else None)  # fmt: skip
+                           draft, job.typed if draft is not None else None, context or None,
+                           job.context_share if context else None, job.warm or None)  # fmt: skip
     ask = dataclasses.replace(job, before=before, selection=without_surrogates(job.selection), after=after)
     return wire.Rewrite(**_ask_fields(ask), drafts=drafts, id=request_id, key=key)
 
@@ -106,10 +116,13 @@ def from_wire(request: wire.Infill | wire.Rewrite) -> Job:
     """The job a request frame carries: its window, as the front cut it."""
     if isinstance(request, wire.Infill):
         typed = request.typed or 0
+        extra = {"context": snippets.from_wire(request.context), "warm": bool(request.warm),
+                 "context_share": min(max(request.context_share or 0, 0), MAX_CONTEXT_SHARE)}  # fmt: skip
         if request.draft is None or not 0 <= typed <= len(request.before):  # a bad revision is a cold start
-            return Infill(request.before, request.after, request.mode, request.max_tokens, request.context_tokens)
+            return Infill(request.before, request.after, request.mode, request.max_tokens, request.context_tokens,
+                          **extra)  # fmt: skip
         return Infill(request.before, request.after, request.mode, request.max_tokens, request.context_tokens,
-                      request.draft, typed)  # fmt: skip
+                      request.draft, typed, **extra)  # fmt: skip
     return Rewrite(**_ask_fields(request))
 
 

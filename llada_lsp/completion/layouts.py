@@ -47,8 +47,10 @@ def fim_ids(prefix_ids: list[int], suffix_ids: list[int], middle_ids: list[int],
     return [special.fim_prefix, special.fim_suffix, *suffix_ids, special.fim_middle, *prefix_ids, *middle_ids]
 
 
-def chat_infill_prompt(prefix: str, suffix: str, instruction: str | None = None) -> str:
-    """For checkpoints without FIM tokens (the real LLaDA2.1): the hole is described in words."""
+def chat_infill_prompt(prefix: str, suffix: str, instruction: str | None = None, context: str = "") -> str:
+    """For checkpoints without FIM tokens (the real LLaDA2.1): the hole is described in words.
+    `context`: other files' code described in words (completion/context.py: describe_snippets), first
+    in the turn, so that it is the prompt's stable start."""
     task = instruction or "Write the code that goes at <HOLE>. Answer with that code only, no explanation."
-    body = f"{task}\n\n```\n{prefix}<HOLE>{suffix}\n```"
+    body = f"{context}{task}\n\n```\n{prefix}<HOLE>{suffix}\n```"
     return CHAT_TEMPLATE.format(prompt=body)

@@ -90,8 +90,8 @@ class InfillPlan(Plan):
         self.gen_length = max(1, min(limit, model.max_positions - MIN_PROMPT))
         budget = min(job.context_tokens, model.max_positions - self.gen_length)
         before, after = trimmed(job.before, job.after, budget * CHARS_PER_TOKEN)
-        prompt = infill_prompt(before, after, codec, budget)
-        self.chat = prompt.layout == "chat"
+        prompt = infill_prompt(before, after, codec, budget, context=job.context, context_share=job.context_share)
+        self.chat, self.warm = prompt.layout == "chat", job.warm
         healed = heal(prompt, codec) or Healed(prompt.ids, "", None)
         self.heal_text = healed.text
         self.stop = _StopWhen(cancel)
@@ -99,13 +99,15 @@ class InfillPlan(Plan):
         init_ids = None if job.draft is None else warm_ids(codec, healed, job.draft, cursor, self.gen_length)
         self.request = check_request(GenerationRequest(
             healed.ids, self.gen_length, job.mode, codec.special.mask, codec.special.eos, cancel=self.stop,
-            init_ids=init_ids, first_allowed=healed.allowed, priority=0,
+            init_ids=init_ids, first_allowed=healed.allowed, priority=1 if job.warm else 0,
         ), model.max_positions)  # fmt: skip
         # A warm start is one denoising step over the suggestion (see on_draft); shown until then: the draft.
         self.shown: str | None = job.draft if init_ids else None
         self.confidence: list[float] = []  # the last draft's
 
     def on_draft(self, draft: Draft) -> tuple[int, str | None]:
+        if self.warm:  # its prompt is prefilled and in the prefix cache: that was all it was for
+            self.stop.enough = True
         mask = self.codec.special.mask
         if self.edits and self.request.init_ids and mask in draft.generated[: len(self.request.init_ids)]:
             # A model with edit tokens inserted into the revision's draft (INSERT leaves a mask there): the

@@ -6,16 +6,20 @@ Knows nothing of the LSP, positions or tensors: strings in, token ids out (throu
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
 from ..errors import Refused
 from .codec import TextCodec
+from .context import Snippet, describe_snippets, render_snippets
 from .layouts import chat_infill_prompt, fim_ids
 
+MIN_SNIPPET_LINES = 3  # a snippet cut to fit keeps at least this many lines, or is left out
+MAX_SNIPPETS_IN_PROMPT = 16  # as many as a request may carry (completion/context.py: MAX_WIRE_SNIPPETS)
 QUANTUM = 32  # the cursor line's share of the prefix grows in steps of (at most) one block, so its start stays put
 CHARS_PER_TOKEN = 16  # bounds the text looked at (a 2 MB document is never tokenized whole)
-_HOLE_PREFIX, _HOLE_SUFFIX = "\ue000", "\ue001"  # private-use sentinels to split the chat template
+_HOLE_PREFIX, _HOLE_SUFFIX, _CONTEXT = "\ue000", "\ue001", "\ue002"  # private-use sentinels to split the chat template
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,7 @@ class InfillPrompt:
     prefix: str  # the text kept before the hole
     suffix: str  # the text kept after the hole
     layout: str  # "fim" | "chat"
+    context: tuple[Snippet, ...] = ()  # the snippets of other files the prompt starts with
 
 
 @dataclass(frozen=True)
@@ -37,17 +42,46 @@ class SelectionTooLong(Refused):
     """A selection longer than the model can rewrite."""
 
 
-def infill_prompt(before: str, after: str, codec: TextCodec, budget: int,
-                  instruction: str | None = None) -> InfillPrompt:  # fmt: skip
-    """`before`/`after`: the document text before and after the cursor. At most `budget` ids."""
-    layout = _Layout(codec, instruction)
+def infill_prompt(before: str, after: str, codec: TextCodec, budget: int, instruction: str | None = None,
+                  context: tuple[Snippet, ...] = (), context_share: int = 0) -> InfillPrompt:  # fmt: skip
+    """`before`/`after`: the document text before and after the cursor. At most `budget` ids, of which
+    the snippets of other files (`context`, most alike first) take at most `context_share` percent:
+    whole snippets, the least alike left out first; they start the prompt (see `_Layout`)."""
+    layout = _Layout(codec, instruction, context_ids(context, codec, budget * context_share // 100,
+                                                     codec.special.has_fim and instruction is None))  # fmt: skip
     room = budget - layout.overhead
     if room < 1:
         raise ValueError(f"a budget of {budget} tokens leaves no room for context (the layout takes {layout.overhead})")
     suffix_share = min(len(codec.encode(after[: room // 4 * CHARS_PER_TOKEN])), room // 4)
     prefix_ids, prefix = cut_prefix(before, codec, room - suffix_share)
     suffix_ids, suffix = cut_suffix(after, codec, room - len(prefix_ids))
-    return InfillPrompt(layout.ids(prefix_ids, suffix_ids), prefix, suffix, layout.name)
+    return InfillPrompt(layout.ids(prefix_ids, suffix_ids), prefix, suffix, layout.name, layout.context)
+
+
+def context_ids(context: tuple[Snippet, ...], codec: TextCodec, cap: int,
+                fim: bool) -> tuple[list[int], tuple[Snippet, ...]]:  # fmt: skip
+    """The ids of the snippets that fit `cap` ids together, most alike first, and those snippets:
+    rendered for the FIM layout (`render_snippets`), described in words for the chat one. A snippet
+    that does not fit whole is kept as its first lines that do (at least MIN_SNIPPET_LINES), and ends
+    the set; one that does not fit even so is left out."""
+    render = render_snippets if fim else describe_snippets
+    kept: list[Snippet] = []
+    ids: list[int] = []
+    for snippet in context[:MAX_SNIPPETS_IN_PROMPT]:
+        whole = codec.encode(render([*kept, snippet]))
+        if len(whole) <= cap:
+            kept, ids = [*kept, snippet], whole
+            continue
+        lines = snippet.text.splitlines(keepends=True)
+        lo, hi = MIN_SNIPPET_LINES - 1, len(lines) - 1  # the most lines that fit: in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            part = dataclasses.replace(snippet, text="".join(lines[:mid]))
+            lo, hi = (mid, hi) if len(codec.encode(render([*kept, part]))) <= cap else (lo, mid - 1)
+        if lo >= MIN_SNIPPET_LINES:
+            part = dataclasses.replace(snippet, text="".join(lines[:lo]))
+            return codec.encode(render([*kept, part])), (*kept, part)
+    return ids, tuple(kept)
 
 
 _PARTIAL_WORD = re.compile(r" ?[A-Za-z0-9_]+")
@@ -193,19 +227,31 @@ class _Layout:
     """FIM ids when the tokenizer has the tokens (the embedded model); else the LLaDA2.1 chat template
     with the hole described in words (the real checkpoints have no FIM tokens)."""
 
-    def __init__(self, codec: TextCodec, instruction: str | None):
+    def __init__(self, codec: TextCodec, instruction: str | None,
+                 context: tuple[list[int], tuple[Snippet, ...]] = ([], ())):  # fmt: skip
+        """`context`: the snippets' ids (context_ids) and the snippets. They come first, before
+        `<|fim_prefix|>` (the layout repository-level FIM models are trained on: the other files,
+        then the file with its hole), or first in the chat turn: the prompt's start is then the same
+        for every completion of one set of snippets, and the prefix cache shares its blocks while
+        the user types; after `<|fim_prefix|>` they would split the marker from the suffix it opens."""
         self.special = codec.special
+        self.context_ids, self.context = context
         if self.special.has_fim and instruction is None:
-            self.name, self.overhead = "fim", 3
+            self.name, self.overhead = "fim", 3 + len(self.context_ids)
             return
         self.name = "chat"
-        full = chat_infill_prompt(_HOLE_PREFIX, _HOLE_SUFFIX, instruction)
+        full = chat_infill_prompt(_HOLE_PREFIX, _HOLE_SUFFIX, instruction, _CONTEXT if self.context_ids else "")
         head, rest = full.split(_HOLE_PREFIX)
         hole, tail = rest.split(_HOLE_SUFFIX)
-        self.head, self.hole, self.tail = codec.encode_markup(head), codec.encode(hole), codec.encode_markup(tail)
+        if self.context_ids:  # the snippets' text is encoded as text, never as markup
+            lead, head = head.split(_CONTEXT)
+            self.head = [*codec.encode_markup(lead), *self.context_ids, *codec.encode_markup(head)]
+        else:
+            self.head = codec.encode_markup(head)
+        self.hole, self.tail = codec.encode(hole), codec.encode_markup(tail)
         self.overhead = len(self.head) + len(self.hole) + len(self.tail)
 
     def ids(self, prefix_ids: list[int], suffix_ids: list[int]) -> list[int]:
         if self.name == "fim":
-            return fim_ids(prefix_ids, suffix_ids, [], self.special)
+            return [*self.context_ids, *fim_ids(prefix_ids, suffix_ids, [], self.special)]
         return [*self.head, *prefix_ids, *self.hole, *suffix_ids, *self.tail]

@@ -33,6 +33,11 @@ def next_edit_key(uri: str) -> str:
     return f"next-edit:{uri}"
 
 
+def warm_key(uri: str) -> str:
+    """The key of a document's idle prefills (see `next_edit_key`): a completion does not cancel one."""
+    return f"warm:{uri}"
+
+
 def rewrite_key(uri: str) -> str:
     """The key of a document's rewrites (see `next_edit_key`)."""
     return f"rewrite:{uri}"

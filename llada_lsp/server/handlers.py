@@ -20,6 +20,7 @@ from ..completion.syntax import is_python
 from . import inline, next_edit
 from .actions import REWRITE, apply_rewrite, code_action, not_applied
 from .completers import LocalCompleter, rewrite_key
+from .context import CLIENT as CONTEXT
 from .language_server import Launch, LladaServer
 from .open_documents import span
 from .protocol import REQUEST_FAILED, why
@@ -40,6 +41,16 @@ async def initialized(ls: LladaServer, params: types.InitializedParams) -> None:
     ls.flush_told()
     ls.background(ls.watch_status())
     await ls.show_load_progress()
+
+
+def context_chunk(ls: LladaServer, params: Any) -> None:
+    """`llada/context`: a chunk of code the client wants completions to see (docs/protocol.md)."""
+    fields = params if isinstance(params, dict) else {k: getattr(params, k, None) for k in ("text", "uri")}
+    problem = ls.context.receive({k: v for k, v in fields.items() if v is not None})
+    if problem is not None:
+        ls.log(problem, types.MessageType.Warning)
+    else:
+        ls.warm_later()
 
 
 def did_change_configuration(ls: LladaServer, params: types.DidChangeConfigurationParams) -> None:
@@ -156,5 +167,6 @@ def create_server(launch: Launch, server: type[LladaServer] = LladaServer) -> Ll
     ls.feature(types.EXIT)(exit_)
     ls.command(REWRITE)(rewrite_selection)
     ls.command(STATUS)(status)
+    ls.feature(CONTEXT)(context_chunk)
     next_edit.register(ls)
     return ls

@@ -1,13 +1,16 @@
 """Inline completions over the LSP: `textDocument/inlineCompletion` (ghost text) and the same as one
 `textDocument/completion` item, for clients without the former. `complete` cuts the job at the cursor
 (from the rest of the last suggestion when the user typed through it: a revision), runs it with its
-drafts sent as `llada/draft` to clients that asked for them, and remembers what was shown.
+drafts sent as `llada/draft` to clients that asked for them, and remembers what was shown. The prompt
+starts with snippets of the client's other files (server/context.py), the same set while the user
+types on one line.
 
 Knows pygls, lsprotocol and jobs as plain values; the pipeline is completion/pipeline.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from lsprotocol import types
@@ -103,6 +106,9 @@ async def complete(ls: LladaServer, doc: Document, offset: int, at: types.Positi
     revision = suggestions.revision(doc.uri, text, offset) if ls.revising else None
     job = Infill.at(text, offset, s.inline_mode, s.max_completion_tokens, s.context_tokens,
                     *((revision.draft, revision.typed) if revision else ()))  # fmt: skip
+    context = ls.context_for(doc, offset)
+    if context:
+        job = dataclasses.replace(job, context=context, context_share=s.context_files_share)
     # Inside a word (`re|turn`) the answer replaces the word's rest, which a draft inserted at the
     # cursor would show twice: such a request sends no drafts, only its answer.
     mid_word = offset < len(text) and (text[offset].isalnum() or text[offset] == "_")
@@ -112,6 +118,7 @@ async def complete(ls: LladaServer, doc: Document, offset: int, at: types.Positi
         send(outcome.steps, outcome.text, final=True)
     if ls.revising:
         suggestions.remember(doc.uri, text, offset, revision if job.draft is not None else None, outcome.text)
+    ls.warm_later((doc.uri, doc.version, offset))
     return outcome.text
 
 

@@ -10,6 +10,7 @@ loader the starting command hands in (`Launch.loader`) on the model thread, neve
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sys
 import threading
@@ -24,12 +25,15 @@ from pygls.lsp.server import LanguageServer
 from pygls.protocol import default_converter
 
 from .. import __version__
+from ..completion.context import Snippet
 from ..completion.generation import ModelSpec
-from ..completion.jobs import Job, Outcome
+from ..completion.jobs import Infill, Job, Outcome
 from ..runtime.loop import run as run_loop
 from ..runtime.worker import Loader, ModelWorker, Ticket
 from ..service.client import EngineFailure
-from .completers import CompletionFailed, DraftCallback, LocalCompleter, RemoteCompleter, next_edit_key
+from .completers import CompletionFailed, DraftCallback, LocalCompleter, RemoteCompleter, next_edit_key, warm_key
+from .context import PAUSE_SECONDS, ContextFiles
+from .documents import Document
 from .open_documents import OpenDocuments
 from .positions import UTF16
 from .protocol import REQUEST_FAILED, LladaProtocol
@@ -65,6 +69,9 @@ class LladaServer(LanguageServer):
                          text_document_sync_kind=types.TextDocumentSyncKind.Incremental)  # fmt: skip
         self.launch, self.settings = launch, launch.defaults
         self.documents = OpenDocuments()
+        self.context = ContextFiles()  # snippets of the client's other files (server/context.py)
+        self._active: tuple[str, int, int] | None = None  # (uri, version, offset) of the last completion
+        self._idle: asyncio.Task | None = None  # the idle choice after it (`warm_later`)
         self.completer: LocalCompleter | RemoteCompleter | None = None
         self._reconnect: asyncio.Task | None = None
         self._engine_error: str | None = None  # the named service did not answer
@@ -304,6 +311,7 @@ class LladaServer(LanguageServer):
     def open_document(self, params: types.DidOpenTextDocumentParams) -> None:
         doc = params.text_document
         self.documents.open(doc.uri, doc.version, doc.text, doc.language_id)
+        self.warm_later()  # a new document may change the snippets the last completion's line would get
 
     def change_document(self, params: types.DidChangeTextDocumentParams) -> None:
         doc = params.text_document
@@ -315,9 +323,62 @@ class LladaServer(LanguageServer):
         answer says the document is not open)."""
         uri = params.text_document.uri
         self.documents.close(uri)
+        self.context.forget(uri)
         if self.completer is not None:
             self.completer.cancel_key(uri)
             self.completer.cancel_key(next_edit_key(uri))
+            self.completer.cancel_key(warm_key(uri))
+        self.warm_later()
+
+    # --- context beyond the file ----------------------------------------------------------------
+    def context_for(self, doc: Document, offset: int, fresh: bool = False) -> tuple[Snippet, ...]:
+        """The snippets of other files for a completion at `offset` of `doc`: none with `contextFiles`
+        off; the set of the line while the user types on it (`fresh`: chosen again now). A set that
+        differs from the document's last one is said in the log."""
+        s = self.settings
+        if not s.context_files or not s.context_files_share:
+            return ()
+        self.context.set_roots([*(f.uri for f in self.workspace.folders.values()), self.workspace.root_uri])
+        before = self.context.current(doc.uri)
+        budget = s.context_tokens * s.context_files_share // 100
+        args = (doc, offset, self.documents.all(), self.documents.history, budget)
+        chosen = self.context.choose_now(*args) if fresh else self.context.snippets(*args)
+        if chosen != before:
+            line = doc.text.count("\n", 0, offset) + 1
+            paths = ", ".join(f"{x.path}:{x.line + 1}" for x in chosen) or "none"
+            self.log(f"context for {doc.uri} at line {line}{' (idle)' if fresh else ''}: {paths}")
+        return chosen
+
+    def warm_later(self, at: tuple[str, int, int] | None = None) -> None:
+        """After PAUSE_SECONDS without a completion, the snippets for the last completion's place are
+        chosen again (other documents opened, closed or sent since); a set that changed is prefilled
+        at once, in idle time (a `warm` job: the engine's prefix cache keeps the prompt's blocks), so
+        the next keystroke there finds them cached. `at`: (uri, version, offset) of a completion."""
+        if at is not None:
+            self._active = at
+        if self._active is None or not self.settings.context_files or self.completer is None:
+            return
+        if self._idle is not None:
+            self._idle.cancel()
+        self._idle = asyncio.ensure_future(self._warm(self._active))
+
+    async def _warm(self, at: tuple[str, int, int]) -> None:
+        await asyncio.sleep(PAUSE_SECONDS)
+        uri, version, offset = at
+        doc = self.documents.get(uri)
+        if doc is None or doc.version != version or self._active != at or self.completer is None:
+            return  # closed, typed in (a request follows), or a newer completion elsewhere
+        before = self.context.current(uri)
+        chosen = self.context_for(doc, offset, fresh=True)
+        if chosen == before or not chosen:
+            return
+        s = self.settings
+        job = Infill.at(doc.text, offset, s.inline_mode, s.max_completion_tokens, s.context_tokens)
+        job = dataclasses.replace(job, context=chosen, context_share=s.context_files_share, warm=True)
+        try:
+            await self.completer.run(warm_key(uri), f"warm {uri}", job, None)
+        except (CompletionFailed, asyncio.CancelledError):
+            pass  # a prefill that did not happen costs the next keystroke its blocks, nothing else
 
     # --- model jobs -----------------------------------------------------------------------------
     async def run_job(self, key: str, label: str, job: Job, on_draft: DraftCallback | None = None) -> Outcome:

@@ -26,6 +26,10 @@ class OpenDocuments:
     def get(self, uri: str) -> Document | None:
         return self._docs.get(uri)
 
+    def all(self) -> list[Document]:
+        """Every open document, in the order they were opened."""
+        return list(self._docs.values())
+
     def open(self, uri: str, version: int, text: str, language: str = "") -> Document:
         self._docs[uri] = Document(uri, version, text, language)
         return self._docs[uri]

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..address import parse_address
-from ..completion.jobs import CONTEXT_TOKENS, MAX_TOKENS
+from ..completion.jobs import CONTEXT_TOKENS, MAX_CONTEXT_SHARE, MAX_TOKENS
 
 MODES = ("speed", "quality")
 _DEFAULT = object()  # a value that asks for the default (`"model": null`: the server's default model)
@@ -32,6 +32,10 @@ class Settings:
     next_edit_history: bool = field(default=True, metadata={"kind": "bool"})  # False: prompts without recent edits
     # Typing through a suggestion revises it from where it stands (a warm start) instead of from masks.
     revise: bool = field(default=True, metadata={"kind": "bool"})
+    # Snippets of other files (open documents, imported workspace modules, recent edits, llada/context
+    # chunks) start the prompt; they take at most `context_files_share` percent of it.
+    context_files: bool = field(default=True, metadata={"kind": "bool"})
+    context_files_share: int = field(default=25, metadata={"range": (0, MAX_CONTEXT_SHARE)})
     # Where the model runs (read at `initialize`; None: the command line's --engine).
     engine: str | None = field(default=None, metadata={"kind": "engine"})
 

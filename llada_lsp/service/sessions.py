@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from .. import wire
 from ..backends.base import Backend
 from ..backends.sglang_config import BackendFailure
-from ..completion import next_edit
+from ..completion import context, next_edit
 from ..completion.generation import ModelSpec
 from ..completion.jobs import Infill, done_of, from_wire
 from ..completion.pipeline import InstructionUnsupported, make_plan
@@ -339,6 +339,9 @@ class EngineService:
         if isinstance(job, Infill) and job.draft is not None and not self.revises:
             job = replace(job, draft=None, typed=0)  # the backend starts from masks: a cold start, said in welcome
         label = f"{request.type} {session.name}:{request.id}"
+        if isinstance(request, wire.Infill) and request.context:  # the snippets' paths, never their text
+            logger.debug("%s%s: context %s", label, " (warm)" if request.warm else "",
+                         printable(", ".join(entry["path"] for entry in request.context)))  # fmt: skip
         planner = next_edit.NextEditPlan if ours else make_plan
         plan = lambda model, ticket: planner(model, job, ticket)  # noqa: E731 - run on the backend
         ticket = self.worker.submit(f"{session.id}:{request.key}", label, plan, on_draft, group=session.id)
@@ -368,6 +371,8 @@ class EngineService:
             return f"unknown mode {request.mode!r}; this engine has {', '.join(self.modes)}"
         if request.context_tokens < 1 or (isinstance(request, wire.Infill) and request.max_tokens < 1):
             return "max_tokens and context_tokens must be positive"
+        if isinstance(request, wire.Infill) and (problem := context.wire_problem(request.context)):
+            return problem
         return None
 
     def _answer(self, session: Connection, request_id: int, ticket: Ticket) -> None:

@@ -1,0 +1,237 @@
+"""The front's context beyond the file: where snippets come from (the client's other open documents,
+the workspace modules the current Python file imports, the recently edited regions, the chunks a
+client sent with `llada/context`) and which set each document's completions use: chosen when the
+cursor enters a line or after a pause, then kept while the user types on that line, so the prompt's
+start, and the prefix cache's blocks of it, stay the same from keystroke to keystroke.
+
+Knows documents as texts and URIs and the workspace as folders; nothing of pygls' server, the model or
+tokens (the prompt fits the snippets to its token budget: completion/prompt.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from ..completion.context import MAX_SNIPPET_CHARS, Snippet, choose, python_imports, windows
+from ..completion.history import History
+from ..completion.syntax import is_python
+from .documents import Document
+
+PAUSE_SECONDS = 1.0  # a request after this long without one chooses the set again
+AROUND_LINES = (20, 5)  # the lines before and after the cursor's whose identifiers rank the snippets
+WINDOW_LINES = 60  # lines each side of the cursor that the prompt's window holds, near enough: never snippets
+EDIT_LINES = 6  # lines each side of a recent edit that make its snippet
+MAX_FILE_BYTES = 256 * 1024  # an imported file larger than this is not read
+MAX_IMPORTED = 16  # imported workspace files looked at per choice
+MAX_CLIENT_CHUNKS = 16  # llada/context chunks kept, the oldest dropped first
+CHARS_PER_TOKEN = 4  # the chooser's budget in characters; the prompt counts the ids and cuts to fit
+CLIENT = "llada/context"
+
+
+@dataclass(frozen=True)
+class _Choice:
+    line: int
+    used: float  # when a request last used it
+    max_chars: int
+    snippets: tuple[Snippet, ...]
+
+
+class ContextFiles:
+    """Per client (one per server): the workspace folders, the chunks it sent, the set chosen per
+    document and the imported files read (by modification time and size)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.roots: list[Path] = []
+        self.chunks: deque[Snippet] = deque(maxlen=MAX_CLIENT_CHUNKS)
+        self._chosen: dict[str, _Choice] = {}
+        self._files: dict[Path, tuple[int, int, str]] = {}
+
+    def set_roots(self, uris: Iterable[str | None]) -> None:
+        """The workspace folders (`workspaceFolders`, else `rootUri`): imported files are read only
+        from under them (symbolic links resolved first)."""
+        roots = [path_of(uri) for uri in uris if uri]
+        self.roots = list(dict.fromkeys(Path(os.path.realpath(p)) for p in roots if p is not None))
+
+    # --- sources ------------------------------------------------------------------------------
+    def receive(self, params: object) -> str | None:
+        """A `llada/context` chunk, `{"text": string, "uri"?: string}`: kept (the oldest of more than
+        MAX_CLIENT_CHUNKS dropped, the same text from the same URI replaced); what is wrong, else None."""
+        if not isinstance(params, dict) or not isinstance(params.get("text"), str):
+            return f"{CLIENT} takes {{text: string, uri?: string}}; ignored"
+        uri, text = params.get("uri"), params["text"]
+        if uri is not None and not isinstance(uri, str):
+            return f"{CLIENT}: uri must be a string; ignored"
+        if len(text) > MAX_SNIPPET_CHARS:
+            return f"{CLIENT}: a chunk of {len(text)} characters is over {MAX_SNIPPET_CHARS}; ignored"
+        if not text.strip():
+            return None
+        chunk = Snippet(self.label(uri) if uri else "chunk", text, f"{CLIENT}:{uri or ''}")
+        for old in [c for c in self.chunks if c.origin == chunk.origin and c.text == text]:
+            self.chunks.remove(old)
+        self.chunks.append(chunk)
+        return None
+
+    def forget(self, uri: str) -> None:
+        """A closed document: its text leaves every chosen set (they are chosen again) and is never
+        used again (its chunks sent by the client stay: the client sent them to be kept)."""
+        self._chosen.pop(uri, None)
+        for key, choice in list(self._chosen.items()):
+            if any(s.origin == uri for s in choice.snippets):
+                del self._chosen[key]
+
+    def label(self, uri: str) -> str:
+        """How the prompt names a document: its path in the workspace, else its file name."""
+        path = path_of(uri)
+        if path is None:
+            return uri.rsplit("/", 1)[-1] or uri
+        real = Path(os.path.realpath(path))
+        for root in self.roots:
+            if real.is_relative_to(root):
+                return real.relative_to(root).as_posix()
+        return real.name
+
+    def candidates(self, doc: Document, documents: Iterable[Document], history: History) -> list[Snippet]:
+        """Every snippet that could be chosen for `doc`: the client's chunks, newest first; the other
+        open documents; the files `doc` imports from the workspace (not open); the regions of recent
+        edits, of `doc` too (those inside the prompt's window are left out by the choice)."""
+        out = [s for chunk in reversed(self.chunks) for s in windows(chunk.text, chunk.path, chunk.origin)]
+        open_docs = {d.uri: d for d in documents}
+        for other in open_docs.values():
+            if other.uri != doc.uri:
+                out += windows(other.text, self.label(other.uri), other.uri)
+        if is_python(doc.language, doc.uri):
+            open_paths = {os.path.realpath(p) for p in map(path_of, open_docs) if p is not None}
+            for path in self.imported(doc)[:MAX_IMPORTED]:
+                text = self._read(path) if str(path) not in open_paths else None
+                if text is not None:
+                    out += windows(text, self._relative(path), str(path))
+        for each in open_docs.values():
+            for edit in history.edits(each.uri):
+                out.append(_edit_region(each, edit.start, self.label(each.uri)))
+        return out
+
+    def imported(self, doc: Document) -> list[Path]:
+        """The workspace files of the modules `doc` imports (absolute imports from each workspace
+        folder, relative ones from the document's folder), real paths under a workspace folder only."""
+        here = path_of(doc.uri)
+        found: list[Path] = []
+        for level, name in python_imports(doc.text):
+            if level == 0:
+                bases = self.roots
+            elif here is not None:
+                bases = [Path(os.path.realpath(here)).parents[level - 1]] if level <= len(Path(here).parents) else []
+            else:
+                bases = []
+            for base in bases:
+                stem = base.joinpath(*name.split("."))
+                for path in (stem.with_name(stem.name + ".py"), stem / "__init__.py"):
+                    real = Path(os.path.realpath(path))
+                    if real not in found and self._inside(real) and real.is_file():
+                        found.append(real)
+        return found
+
+    def _inside(self, real: Path) -> bool:
+        return any(real.is_relative_to(root) for root in self.roots)
+
+    def _relative(self, real: Path) -> str:
+        for root in self.roots:
+            if real.is_relative_to(root):
+                return real.relative_to(root).as_posix()
+        return real.name
+
+    def _read(self, real: Path) -> str | None:
+        """An imported file's text, read when first needed and again when it changed; None when it is
+        over MAX_FILE_BYTES, unreadable or not text."""
+        try:
+            stat = real.stat()
+        except OSError:
+            return None
+        if stat.st_size > MAX_FILE_BYTES:
+            return None
+        cached = self._files.get(real)
+        if cached is not None and cached[:2] == (stat.st_mtime_ns, stat.st_size):
+            return cached[2]
+        try:
+            with open(real, "rb") as f:
+                text = f.read(MAX_FILE_BYTES + 1).decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+        if len(text.encode()) > MAX_FILE_BYTES:
+            return None
+        if len(self._files) >= 4 * MAX_IMPORTED:
+            self._files.pop(next(iter(self._files)))
+        self._files[real] = (stat.st_mtime_ns, stat.st_size, text)
+        return text
+
+    # --- the choice ---------------------------------------------------------------------------
+    def current(self, uri: str) -> tuple[Snippet, ...] | None:
+        """The set chosen last for `uri`, None when there is none."""
+        choice = self._chosen.get(uri)
+        return None if choice is None else choice.snippets
+
+    def snippets(self, doc: Document, offset: int, documents: Iterable[Document], history: History,
+                 max_tokens: int) -> tuple[Snippet, ...]:  # fmt: skip
+        """The set for a completion at `offset` of `doc`: the set of the last request when the cursor
+        is on the same line and the last request was less than PAUSE_SECONDS ago, else a new choice
+        (`choose_now`) within about `max_tokens` tokens."""
+        now, line = self.clock(), doc.text.count("\n", 0, offset)
+        max_chars = max_tokens * CHARS_PER_TOKEN
+        last = self._chosen.get(doc.uri)
+        if last is not None and last.line == line and now - last.used <= PAUSE_SECONDS and last.max_chars == max_chars:
+            self._chosen[doc.uri] = _Choice(line, now, max_chars, last.snippets)
+            return last.snippets
+        return self.choose_now(doc, offset, documents, history, max_tokens)
+
+    def choose_now(self, doc: Document, offset: int, documents: Iterable[Document], history: History,
+                   max_tokens: int) -> tuple[Snippet, ...]:  # fmt: skip
+        """A new choice at `offset`, kept for the requests that follow on its line."""
+        text, line = doc.text, doc.text.count("\n", 0, offset)
+        around = _lines(text, offset, *AROUND_LINES)
+        window = _lines(text, offset, WINDOW_LINES, WINDOW_LINES)
+        max_chars = max_tokens * CHARS_PER_TOKEN
+        chosen = choose(self.candidates(doc, documents, history), around, window, max_chars)
+        self._chosen[doc.uri] = _Choice(line, self.clock(), max_chars, chosen)
+        return chosen
+
+
+def path_of(uri: str) -> str | None:
+    """The local path of a file: URI, else None."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
+        return None
+    return unquote(parsed.path) or None
+
+
+def _span(text: str, offset: int, before: int, after: int) -> tuple[int, int]:
+    """The offsets of the cursor's line with up to `before` lines above it and `after` below."""
+    start = text.rfind("\n", 0, offset) + 1
+    for _ in range(before):
+        if start == 0:
+            break
+        start = text.rfind("\n", 0, start - 1) + 1
+    end = offset
+    for _ in range(after + 1):
+        found = text.find("\n", end)
+        if found < 0:
+            return start, len(text)
+        end = found + 1
+    return start, end
+
+
+def _lines(text: str, offset: int, before: int, after: int) -> str:
+    start, end = _span(text, offset, before, after)
+    return text[start:end]
+
+
+def _edit_region(doc: Document, start: int, label: str) -> Snippet:
+    """The lines around a recent edit of `doc`, as its text is now (an edit's offset may be stale by a
+    few characters: it only places the region)."""
+    lo, hi = _span(doc.text, min(max(start, 0), len(doc.text)), EDIT_LINES, EDIT_LINES)
+    return Snippet(label, doc.text[lo:hi][:MAX_SNIPPET_CHARS], doc.uri, doc.text.count("\n", 0, lo))

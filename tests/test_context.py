@@ -1,0 +1,222 @@
+"""Context beyond the file, its pure parts: which snippets are chosen and from where (open documents,
+imported workspace files, recent edits, client chunks), never from outside the workspace or above
+the size bound; the set kept while the user types on one line; a closed document forgotten; the
+prompt's budget with snippets, huge files included; the wire's `context` field."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from llada_lsp import wire
+from llada_lsp.completion import context as ctx
+from llada_lsp.completion.context import Snippet, choose, python_imports, render_snippets, windows
+from llada_lsp.completion.history import History
+from llada_lsp.completion.jobs import Infill, from_wire, to_wire
+from llada_lsp.completion.prompt import TextCodec, infill_prompt
+from llada_lsp.model import EMBEDDED_MODEL, load_tokenizer
+from llada_lsp.server.context import MAX_FILE_BYTES, PAUSE_SECONDS, ContextFiles
+from llada_lsp.server.documents import Document
+
+GEOMETRY = "def rectangle_area(width, height):\n    return width * height\n\n\ndef triangle_area(base, height):\n" \
+           "    return base * height / 2\n"  # fmt: skip
+NETWORK = "import socket\n\n\ndef open_connection(host, port):\n    return socket.create_connection((host, port))\n"
+MAIN = "from pkg.geometry import rectangle_area\n\n\ndef total(width, height):\n    return rectangle_area("
+
+
+@pytest.fixture(scope="module")
+def codec() -> TextCodec:
+    if not (EMBEDDED_MODEL / "tokenizer.json").is_file():
+        pytest.skip("the embedded model is not in llada_lsp/data/tiny")
+    return TextCodec.from_tokenizer(load_tokenizer())
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def uri(path: Path) -> str:
+    return path.as_uri()
+
+
+# --- choosing --------------------------------------------------------------------------------------
+def test_the_most_alike_snippet_comes_first_and_unrelated_code_is_left_out():
+    candidates = windows(NETWORK, "net.py") + windows(GEOMETRY, "geometry.py")
+    chosen = choose(candidates, "area = rectangle_area(width, height)", "", 10_000)
+    assert [s.path for s in chosen] == ["geometry.py"]
+    # nothing in common with the cursor's code: nothing chosen
+    assert choose(windows(NETWORK, "net.py"), "area = rectangle_area(width, height)", "", 10_000) == ()
+
+
+def test_snippets_the_window_holds_already_are_left_out_and_the_budget_holds():
+    text = "".join(f"def area_{i}(width, height):\n    return width * height + {i}\n\n" for i in range(60))
+    candidates = windows(text, "shapes.py")
+    assert all(s.text.count("\n") <= ctx.SNIPPET_LINES for s in candidates)
+    chosen = choose(candidates, "area(width, height)", "", 1_500)
+    assert chosen and len(render_snippets(chosen)) <= 1_500
+    # no two overlapping windows of one file
+    spans = sorted((s.line, s.line + s.text.count("\n")) for s in chosen)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    assert choose(candidates[:1], "area(width, height)", candidates[0].text, 10_000) == ()
+
+
+def test_render_names_each_snippet_by_its_path_in_a_comment_line():
+    text = render_snippets([Snippet("pkg/a.py", "x = 1"), Snippet("pkg/b.py", "y = 2\n")])
+    assert text == "# path: pkg/a.py\nx = 1\n# path: pkg/b.py\ny = 2\n"
+
+
+def test_python_imports_are_read_from_code_that_does_not_parse():
+    text = "import os, pkg.util as u\nfrom . import sibling\nfrom ..up import (a,\nfrom pkg.geo import area, shape as s\ndef f(:\n"
+    found = python_imports(text)
+    assert (0, "pkg.util") in found and (1, "sibling") in found and (2, "up") in found and (2, "up.a") in found
+    assert (0, "pkg.geo") in found and (0, "pkg.geo.area") in found and (0, "pkg.geo.shape") in found
+
+
+# --- the front's sources ---------------------------------------------------------------------------
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg" / "__init__.py").write_text("")
+    (ws / "pkg" / "geometry.py").write_text(GEOMETRY)
+    (tmp_path / "outside.py").write_text("def rectangle_area_outside(width, height):\n    return width\n")
+    return ws
+
+
+def test_imported_workspace_files_are_read_but_nothing_outside_the_workspace(workspace: Path):
+    outside = workspace.parent / "outside.py"
+    (workspace / "pkg" / "escape.py").symlink_to(outside)  # inside by name, outside in fact
+    (workspace / "pkg" / "huge.py").write_text("def rectangle_area_huge(width, height):\n" + "#" * MAX_FILE_BYTES)
+    files = ContextFiles()
+    files.set_roots([uri(workspace)])
+    text = MAIN + "\nfrom pkg import escape, huge\nfrom .. import outside\n"
+    doc = Document(uri(workspace / "pkg" / "main.py"), 1, text, "python")
+    assert files.imported(doc) == [workspace / "pkg" / "geometry.py", workspace / "pkg" / "__init__.py",
+                                   workspace / "pkg" / "huge.py"]  # fmt: skip
+    chosen = files.choose_now(doc, len(MAIN), [doc], History(), 400)
+    assert [s.path for s in chosen] == ["pkg/geometry.py"]  # huge.py is over the size bound: never read
+    assert all("outside" not in s.text and "huge" not in s.text for s in chosen)
+    # without a workspace nothing is read from the disk at all
+    assert ContextFiles().imported(doc) == []
+
+
+def test_other_open_documents_and_recent_edits_are_sources(workspace: Path):
+    files, history = ContextFiles(), History()
+    files.set_roots([uri(workspace)])
+    other = Document(uri(workspace / "notes.py"), 1, "def triangle_area_scaled(base, height):\n    pass\n")
+    doc = Document(uri(workspace / "main.py"), 1, "x = 1\n" * 200 + "area = triangle_area_scaled(base, ")
+    history.record(doc.uri, doc.text, 30, 30, "base_height = 2\n", 5)  # an edit far above the cursor's window
+    chosen = files.choose_now(doc, len(doc.text), [doc, other], history, 400)
+    assert [s.path for s in chosen] == ["notes.py"]
+    edits = [s for s in files.candidates(doc, [doc, other], history) if s.origin == doc.uri]
+    assert edits and edits[0].line == 0
+
+
+def test_client_chunks_are_bounded_and_named(workspace: Path):
+    files = ContextFiles()
+    files.set_roots([uri(workspace)])
+    assert files.receive({"text": "def rectangle_area_chunk(width, height): pass\n",
+                          "uri": uri(workspace / "pkg" / "c.py")}) is None  # fmt: skip
+    assert files.chunks[-1].path == "pkg/c.py"
+    assert "over" in files.receive({"text": "x" * (ctx.MAX_SNIPPET_CHARS + 1)})
+    assert "takes" in files.receive({"uri": "file:///a.py"})
+    for i in range(40):
+        files.receive({"text": f"chunk_{i} = {i}\n"})
+    assert len(files.chunks) == 16 and files.chunks[-1].text == "chunk_39 = 39\n"
+
+
+def test_the_set_stays_while_typing_on_a_line_and_is_chosen_again_on_another(workspace: Path):
+    clock, history = Clock(), History()
+    files = ContextFiles(clock)
+    geometry = Document("file:///geo.py", 1, GEOMETRY)
+    network = Document("file:///net.py", 1, NETWORK)
+    doc = Document("file:///main.py", 1, "x = 1\ny = 3\n")
+    docs = [doc, geometry, network]
+    first = files.snippets(doc, len(doc.text), docs, history, 400)
+    assert first == ()  # nothing alike yet
+    typed = doc.text
+    for word in ("area = ", "rectangle_area(", "open_connection(host, port)"):
+        clock.now += 0.3
+        typed += word
+        doc.text = typed
+        assert files.snippets(doc, len(typed), docs, history, 400) == (), "chosen again within a line"
+    clock.now += 0.3
+    doc.text = typed + "\nhost = open_connection(host, port)\n"
+    assert [s.path for s in files.snippets(doc, len(doc.text), docs, history, 400)] == ["net.py", "geo.py"]
+    clock.now += PAUSE_SECONDS + 0.1  # a pause: chosen again on the same line
+    doc.text += "area = rectangle_area(width, height) + triangle_area(base, height)"
+    assert [s.path for s in files.snippets(doc, len(doc.text), docs, history, 400)][0] == "geo.py"
+
+
+def test_a_closed_documents_text_is_never_used_again():
+    clock = Clock()
+    files = ContextFiles(clock)
+    geometry = Document("file:///geo.py", 1, GEOMETRY)
+    doc = Document("file:///main.py", 1, "area = rectangle_area(width, height)")
+    assert files.snippets(doc, len(doc.text), [doc, geometry], History(), 400)[0].origin == geometry.uri
+    files.forget(geometry.uri)
+    assert files.current(doc.uri) is None, "a set holding the closed document's text is dropped"
+    assert files.snippets(doc, len(doc.text), [doc], History(), 400) == ()
+
+
+# --- the prompt ------------------------------------------------------------------------------------
+def test_snippets_start_the_prompt_within_their_share_and_the_budget_holds_for_huge_files(codec):
+    s = codec.special
+    huge = ("def rectangle_area(width, height):\n    return width * height\n" * 40_000)  # about 2.6 MB
+    snippets = choose(windows(huge, "pkg/geometry.py"), "rectangle_area(width, height)", "", 40_000)
+    assert snippets
+    before = huge + "def total(width, height):\n    return rectangle_area("
+    for budget, share in ((480, 25), (480, 75), (448, 0), (96, 25)):
+        p = infill_prompt(before[-budget * 16 :], huge[: budget * 16], codec, budget, context=snippets,
+                          context_share=share)  # fmt: skip
+        assert len(p.ids) <= budget
+        start = p.ids.index(s.fim_prefix)
+        assert start <= budget * share // 100
+        if p.context:
+            assert p.ids[:start] == codec.encode(render_snippets(p.context))
+            assert codec.decode(p.ids[:start]).startswith("# path: pkg/geometry.py\n")
+        else:
+            assert start == 0
+    assert infill_prompt("a", "b", codec, 480, context=snippets, context_share=25).context, "a share of 120 fits one"
+
+
+def test_the_prompts_start_is_the_same_while_typing_on_a_line(codec):
+    snippets = (Snippet("pkg/geometry.py", GEOMETRY),)
+    start = codec.encode(render_snippets(snippets))
+    for typed in ("", "rect", "rectangle_area(wid"):
+        p = infill_prompt(MAIN + typed, "\n", codec, 480, context=snippets, context_share=25)
+        assert p.ids[: len(start)] == start
+
+
+def test_the_chat_layout_describes_the_snippets_in_words(codec):
+    p = infill_prompt("x = ", "\n", codec, 480, "Complete it.", (Snippet("pkg/geometry.py", GEOMETRY),), 50)
+    text = codec.decode(p.ids)
+    assert p.layout == "chat" and "From pkg/geometry.py:" in text and text.index("rectangle_area") < text.index(
+        "Complete it."
+    )
+
+
+# --- the wire --------------------------------------------------------------------------------------
+def test_the_wire_carries_path_and_text_only_and_refuses_bad_context():
+    job = Infill("a", "b", "speed", 8, 256, context=(Snippet("p.py", "x = 1\n", "file:///secret/p.py", 3),),
+                 context_share=30, warm=True)  # fmt: skip
+    frame = to_wire(job, 1, "k", False)
+    assert frame.context == [{"path": "p.py", "text": "x = 1\n"}]
+    back = from_wire(wire.decode(wire.encode(frame)[4:]))
+    assert back.context == (Snippet("p.py", "x = 1\n"),) and back.context_share == 30 and back.warm
+    assert to_wire(Infill("a", "b", "speed", 8, 256), 2, "k", False).to_dict().keys().isdisjoint({"context", "warm"})
+    assert ctx.wire_problem([{"path": "p.py"}]) is not None
+    assert ctx.wire_problem([{"path": "p", "text": "x" * (ctx.MAX_SNIPPET_CHARS + 1)}]) is not None
+    assert ctx.wire_problem([{"path": "p", "text": "x"}] * (ctx.MAX_WIRE_SNIPPETS + 1)) is not None
+    body = msgpack.packb({"type": "infill", "id": 1, "key": "k", "before": "", "after": "", "mode": "speed",
+                          "max_tokens": 1, "context_tokens": 1, "context": [{"path": 1}]})  # fmt: skip
+    with pytest.raises(wire.WireError):
+        wire.decode(body)
+    assert wire.VERSION == 4 and os.path.basename(ctx.__file__) == "context.py"
