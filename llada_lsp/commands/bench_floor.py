@@ -37,61 +37,79 @@ class StepShape:
     routed: tuple[tuple[int, ...], ...]  # [MoE layer][expert] token counts
 
 
-def gemms(model: LLaDA2, shape: StepShape) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
-    """The step's matmuls as ("mm" | "bmm", a's shape, b's shape); a weight operand [in, out] is the
-    transposed view of its [out, in] parameter, as nn.Linear multiplies it."""
+Operand = tuple[int, ...] | torch.Tensor  # a shape (made at random), or the model's own weight [out, in]
+
+
+def gemms(model: LLaDA2, shape: StepShape) -> list[tuple[str, tuple[int, ...], Operand]]:
+    """The step's matmuls as ("mm" | "bmm", a's shape, b): b is the model's own weight where the step
+    multiplies one (read as the step reads it, so the floor pays the same memory traffic; nn.Linear's
+    transposed view of [out, in]), else the shape [.., out, in] of the attention's keys or values."""
     c = model.config
-    C, H, K, D, V = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size
+    H, K, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     B, T, S = shape.B, shape.T, shape.S
     N = B * T
-    out = []
+    out: list[tuple[str, tuple[int, ...], Operand]] = []
     routed = iter(shape.routed)
+
+    def linear(rows: int, weight: torch.Tensor) -> None:
+        out.append(("mm", (rows, weight.shape[1]), weight))
+
     for layer in model.model.layers:
-        out.append(("mm", (N, C), ((H + 2 * K) * D, C)))  # query_key_value
+        attention = layer.attention
+        linear(N, attention.query_key_value.weight)
         out.append(("bmm", (B * H, T, D), (B * H, S, D)))  # scores: q k^T
         out.append(("bmm", (B * H, T, S), (B * H, D, S)))  # the values' weighted sum: p v
-        out.append(("mm", (N, H * D), (C, H * D)))  # dense
+        linear(N, attention.dense.weight)
         mlp = layer.mlp
         if hasattr(mlp, "experts"):
-            E, _, I = mlp.experts.w_gate.shape[0], C, mlp.experts.w_gate.shape[1]
-            out.append(("mm", (N, C), (E, C)))  # router
-            for n in next(routed):
+            linear(N, mlp.gate.weight)  # the router
+            experts = mlp.experts
+            for e, n in enumerate(next(routed)):
                 if n:
-                    out += [("mm", (n, C), (I, C)), ("mm", (n, C), (I, C)), ("mm", (n, I), (C, I))]
+                    linear(n, experts.w_gate[e])
+                    linear(n, experts.w_up[e])
+                    linear(n, experts.w_down[e])
             mlp = mlp.shared_experts
         if mlp is not None:
-            inner = mlp.gate_proj.weight.shape[0]
-            out += [("mm", (N, C), (inner, C)), ("mm", (N, C), (inner, C)), ("mm", (N, inner), (C, inner))]
-    out.append(("mm", (shape.B * shape.R, C), (V, C)))  # lm_head over the decided rows
+            linear(N, mlp.gate_proj.weight)
+            linear(N, mlp.up_proj.weight)
+            linear(N, mlp.down_proj.weight)
+    linear(shape.B * shape.R, model.lm_head.weight)  # over the decided rows only
     return out
 
 
 class Floor:
-    """Times a step's GEMMs alone: operands made once per shape, results written into preallocated
-    outputs, the list run as one call and timed as the step is (wall clock, median of `repeat`)."""
+    """Times a step's GEMMs alone: activations made once per shape, the model's weights read in place,
+    results written into preallocated outputs, the list run as one call and timed as the step is (wall
+    clock, median of `repeat`)."""
 
     def __init__(self, model: LLaDA2, repeat: int):
         self.model, self.repeat = model, repeat
-        self.operands: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.tensors: dict[tuple, torch.Tensor] = {}
         self.gen = torch.Generator().manual_seed(0)
 
-    def _operands(self, kind: str, a: tuple[int, ...], b: tuple[int, ...]):
-        key = (kind, a, b)
-        if key not in self.operands:
-            x = torch.randn(a, generator=self.gen)
-            w = torch.randn(b, generator=self.gen).transpose(-1, -2)  # [in, out] as a view of [out, in]
-            self.operands[key] = (x, w, torch.empty(*a[:-1], w.shape[-1]))
-        return self.operands[key]
+    def _random(self, *key) -> torch.Tensor:
+        if key not in self.tensors:
+            self.tensors[key] = torch.randn(key[1:], generator=self.gen)
+        return self.tensors[key]
+
+    def _call(self, kind: str, a: tuple[int, ...], b: Operand):
+        x = self._random("a", *a)
+        w = (b if isinstance(b, torch.Tensor) else self._random("b", *b)).transpose(-1, -2)  # [.., in, out]
+        key = ("out", *a[:-1], w.shape[-1])
+        if key not in self.tensors:
+            self.tensors[key] = torch.empty(key[1:])
+        return torch.mm if kind == "mm" else torch.bmm, x, w, self.tensors[key]
 
     def ms(self, shape: StepShape) -> float:
-        calls = [(torch.mm if kind == "mm" else torch.bmm, *self._operands(kind, a, b))
-                 for kind, a, b in gemms(self.model, shape)]  # fmt: skip
+        calls = [self._call(*g) for g in gemms(self.model, shape)]
         times = []
-        for _ in range(self.repeat):
-            t = time.perf_counter()
-            for op, x, w, out in calls:
-                op(x, w, out=out)
-            times.append(time.perf_counter() - t)
+        with torch.inference_mode():
+            for _ in range(self.repeat):
+                t = time.perf_counter()
+                for op, x, w, out in calls:
+                    op(x, w, out=out)
+                times.append(time.perf_counter() - t)
         return statistics.median(times) * 1000
 
 
