@@ -169,7 +169,7 @@ def test_a_closed_documents_text_is_never_used_again():
 # --- the prompt ------------------------------------------------------------------------------------
 def test_snippets_start_the_prompt_within_their_share_and_the_budget_holds_for_huge_files(codec):
     s = codec.special
-    huge = ("def rectangle_area(width, height):\n    return width * height\n" * 40_000)  # about 2.6 MB
+    huge = "def rectangle_area(width, height):\n    return width * height\n" * 40_000  # about 2.6 MB
     snippets = choose(windows(huge, "pkg/geometry.py"), "rectangle_area(width, height)", "", 40_000)
     assert snippets
     before = huge + "def total(width, height):\n    return rectangle_area("
@@ -198,8 +198,10 @@ def test_the_prompts_start_is_the_same_while_typing_on_a_line(codec):
 def test_the_chat_layout_describes_the_snippets_in_words(codec):
     p = infill_prompt("x = ", "\n", codec, 480, "Complete it.", (Snippet("pkg/geometry.py", GEOMETRY),), 50)
     text = codec.decode(p.ids)
-    assert p.layout == "chat" and "From pkg/geometry.py:" in text and text.index("rectangle_area") < text.index(
-        "Complete it."
+    assert (
+        p.layout == "chat"
+        and "From pkg/geometry.py:" in text
+        and text.index("rectangle_area") < text.index("Complete it.")
     )
 
 
