@@ -20,6 +20,7 @@ SUBCOMMANDS: Subcommands = {
     "eval-typing": ("eval_typing", "eval_typing_main", "replay typing held-out files: what revisions save"),
     "edit-pairs": ("edit_pairs", "edit_pairs_main", "rebuild the next-edit cases from their manifest (git history)"),
     "tune-next-edit": ("tune_next_edit", "tune_next_edit_main", "fine-tune the embedded model on next edits (CPU, resumable)"),
+    "tune-cross-file": ("tune_cross_file", "tune_cross_file_main", "fine-tune the embedded model to use other files' snippets (CPU)"),
     "eval-next-edit": ("eval_next_edit", "eval_next_edit_main", "next-edit suggestions on held-out commits, per configuration"),
     "compile-kernels": ("compile_kernels", "compile_kernels_main", "compile every Triton kernel variant for sm_80/sm_90, no GPU needed"),
 }  # fmt: skip

@@ -83,3 +83,31 @@ def test_the_command_runs_the_real_servers(tmp_path: Path):
     assert ("cross-file", "all", "4") in rows and ("single-file", "all", "2") in rows
     assert re.search(r"cross-file: context on right where off is wrong on \d+ tasks", done.stdout)
     assert "contextFiles on vs off" in md.read_text()
+
+
+def test_training_samples_start_with_the_imported_modules_as_the_server_renders_them():
+    """The fine-tune's sequences: the server's prompt (snippets of the imported modules, rendered by
+    completion/context.py, before <|fim_prefix|>), then the hole's middle, then end-of-text to the end."""
+    from transformers import AutoTokenizer
+
+    from llada_lab.training.cross_file import CrossFileSamples
+    from llada_lsp.completion.codec import TextCodec
+    from llada_lsp.completion.context import Snippet, render_snippets
+    from llada_lsp.model import EMBEDDED_MODEL
+
+    codec = TextCodec.from_tokenizer(AutoTokenizer.from_pretrained(str(EMBEDDED_MODEL), local_files_only=True))
+    special = codec.special
+    samples = CrossFileSamples(group_by_package(PACKAGE), codec, 512, seed=5, shares=(50,), cross_share=1.0)
+    assert [f.path for f, *_ in samples.files] == [CURRENT.path]
+    seen_names = set()
+    for _ in range(12):
+        ids = samples.sample()
+        assert len(ids) == 512 and ids[-1] == special.eos
+        head = codec.decode(ids[: ids.index(special.fim_prefix)])
+        assert head.startswith("# path: src/shop/"), head[:80]
+        parts = [p.split("\n", 1) for p in head.split("# path: ")[1:]]
+        assert {path for path, _ in parts} <= {"src/shop/models.py", "src/shop/util/prices.py"}
+        assert render_snippets([Snippet(path, text) for path, text in parts]) == head, "the server's rendering"
+        middle = codec.decode(ids[ids.index(special.fim_middle) + 1 :]).split("<|endoftext|>")[0]
+        seen_names |= {n for n in ("Basket", "add_article", "total_price", "DEFAULT_PRICES") if n in middle}
+    assert seen_names, "cross-file holes: their middles use the imported modules' names"

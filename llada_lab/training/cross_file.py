@@ -157,10 +157,16 @@ def code_names(text: str) -> dict[int, dict[str, int]]:
     return out
 
 
-def _candidates(f: SourceFile, imported: list[SourceFile]) -> list[_Candidate]:
+def _candidates(f: SourceFile, imported: list[SourceFile],
+                cache: dict[str, set[str]] | None = None) -> list[_Candidate]:  # fmt: skip
     """Every (line, name) of `f` where the line's code uses a name an imported module defines and the
-    rest of the file never mentions, not even in a comment (so only the other module can tell it)."""
-    defined = {g.path: defined_names(g.text) for g in imported}
+    rest of the file never mentions, not even in a comment (so only the other module can tell it).
+    `cache`: path -> defined_names, shared between the files of one package."""
+    cache = {} if cache is None else cache
+    for g in imported:
+        if g.path not in cache:
+            cache[g.path] = defined_names(g.text)
+    defined = {g.path: cache[g.path] for g in imported}
     mentions: dict[str, int] = defaultdict(int)
     for ident in _IDENT.findall(f.text):
         mentions[ident] += 1
@@ -237,3 +243,89 @@ def group_by_package(*corpora: list[SourceFile]) -> dict[str, list[SourceFile]]:
                 seen.add(f.path)
                 out[package_of(f.path)].append(f)
     return dict(out)
+
+
+# ---- training samples: related files of one package before the hole --------------------------------
+
+AROUND_LINES = (8, 3)  # the lines before and after the cursor whose identifiers rank the snippets
+
+
+def around_cursor(prefix: str, suffix: str) -> str:
+    """The code near the cursor that the snippets are ranked against (completion/context.py `choose`)."""
+    before, after = AROUND_LINES
+    return "\n".join(prefix.split("\n")[-before:]) + "\n".join(suffix.split("\n")[:after])
+
+
+class CrossFileSamples:
+    """Endless training sequences, one hole each: the package's related files (the modules the file
+    imports, sometimes one more file of the package beside them) chosen and rendered into the prompt
+    by the server's own functions (completion/context.py `windows`, `choose`; completion/prompt.py
+    `infill_prompt`), then the middle and end-of-text to the sequence's end, as a generation's room
+    ends. Half the holes are cross-file ones (`_candidates`: the answer uses a name only the snippets'
+    modules define), half the usual infill kinds, so the model also learns to leave snippets unused.
+
+    `packages`: package name -> its training files only (never a held-out file)."""
+
+    def __init__(self, packages: dict[str, list[SourceFile]], codec, seq_len: int, seed: int,
+                 shares: tuple[int, ...] = (25,), cross_share: float = 0.5):  # fmt: skip
+        from .objective import HOLE_KINDS, HOLE_WEIGHTS
+
+        self.codec, self.seq_len, self.shares, self.cross_share = codec, seq_len, shares, cross_share
+        self.kinds = [(k, w) for k, w in zip(HOLE_KINDS, HOLE_WEIGHTS) if k != "plain"]
+        self.rng = random.Random(seed)
+        self.files: list[tuple[SourceFile, list[SourceFile], list[_Candidate], list[SourceFile]]] = []
+        self.windows: dict[str, list] = {}  # path -> its candidate snippets (completion/context.py `windows`)
+        for files in packages.values():
+            modules, defined = modules_of(files), {}
+            for f in files:
+                imported = imported_modules(f, modules)
+                if imported:
+                    self.files.append((f, imported, _candidates(f, imported, defined), files))
+        if not self.files:
+            raise ValueError("no training file imports another module of its package")
+
+    def hole(self, f: SourceFile, candidates: list[_Candidate]) -> tuple[str, str, str] | None:
+        from .objective import cut_hole
+
+        if candidates and self.rng.random() < self.cross_share:
+            c = self.rng.choice(candidates)
+            indent = len(c.line) - len(c.line.lstrip())
+            whole_line = c.column <= indent + 1 or self.rng.random() < 0.5
+            col = indent if whole_line else self.rng.randint(indent + 1, c.column)
+            a, b = c.line_start + col, c.line_start + len(c.line)
+            return f.text[:a], f.text[a:b], f.text[b:]
+        kind = self.rng.choices([k for k, _ in self.kinds], weights=[w for _, w in self.kinds])[0]
+        return cut_hole(f.text, kind, self.rng)
+
+    def sample(self) -> list[int]:
+        from llada_lsp.completion.context import choose, windows
+        from llada_lsp.completion.prompt import infill_prompt
+
+        while True:
+            f, imported, candidates, package = self.rng.choice(self.files)
+            hole = self.hole(f, candidates)
+            if hole is None or not hole[1].strip():
+                continue
+            prefix, middle, suffix = hole
+            sources = list(imported)
+            if self.rng.random() < 0.3:  # an open file that has nothing to do with the hole
+                sources.append(self.rng.choice(package))
+            pool = [w for g in sources if g.path != f.path for w in self._windows(g, windows)]
+            window = prefix[-4000:] + suffix[:1000]
+            snippets = choose(pool, around_cursor(prefix, suffix), window, 8000)
+            gen = 64 if not prefix.split("\n")[-1].strip() else 32
+            prompt = infill_prompt(prefix, suffix, self.codec, self.seq_len - gen, context=snippets,
+                                   context_share=self.rng.choice(self.shares))  # fmt: skip
+            middle_ids = self.codec.encode(middle)[:gen]
+            ids = prompt.ids + middle_ids
+            return ids + [self.codec.special.eos] * (self.seq_len - len(ids))
+
+    def _windows(self, g: SourceFile, windows) -> list:
+        if g.path not in self.windows:
+            self.windows[g.path] = windows(g.text, relative_path(g.path), g.path)
+        return self.windows[g.path]
+
+    def batches(self, batch: int):
+        """Endless [batch, seq_len] lists of ids."""
+        while True:
+            yield [self.sample() for _ in range(batch)]
