@@ -226,8 +226,11 @@ class Front:
         self.client = client = await LspClient.start(server)
         client.on("llada/draft", lambda p: self.drafts.setdefault(int(p["requestId"]), time.perf_counter()))
         client.on("window/logMessage", self._on_log)
-        options = {"inlineMode": args.mode, "maxCompletionTokens": args.max_tokens, "revise": not args.no_revise}
+        options = {"inlineMode": args.mode, "maxCompletionTokens": args.max_tokens, "revise": not args.no_revise,
+                   "contextFiles": not args.no_context_files}  # fmt: skip
         await client.initialize({"experimental": {"lladaDrafts": not args.no_drafts}}, options)
+        for other in args.open:  # the editor's other tabs: snippets of them start the prompts (contextFiles)
+            client.did_open(Path(other).resolve().as_uri(), Path(other).read_text())
         self.doc = client.did_open(self.uri, text)
 
     async def ready(self, timeout: float = 300.0) -> None:
@@ -338,6 +341,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="cold starts only (setting revise: false), as the direct call makes them")  # fmt: skip
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                     help="torch threads: the server, the service and the direct call")  # fmt: skip
+    ap.add_argument("--open", action="append", default=[], metavar="FILE",
+                    help="open FILE beside the replayed document, as another tab (repeatable)")  # fmt: skip
+    ap.add_argument("--no-context-files", action="store_true",
+                    help="setting contextFiles: false (the window of the document alone in the prompt)")  # fmt: skip
     add_markdown_argument(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
