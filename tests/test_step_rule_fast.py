@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llada_lsp.engine.policy import _cpu_guesses, _reference_guesses, joint_threshold
+from llada_lsp.engine.policy import _cpu_guesses, _reference_guesses, first_max, joint_threshold
 
 M = 5  # the mask id of these tests
 
@@ -73,3 +73,20 @@ def test_the_step_rule_decides_as_the_reference_does():
     assert torch.equal(update.confidence, conf)
     masked = tokens == M
     assert torch.equal(update.tokens[update.filled], argmax[update.filled]) and not (update.filled & ~masked).any()
+
+
+@pytest.mark.parametrize("V", [8192, 16, 100, 37])
+def test_first_max_is_torch_max_first_index_nan_first(V):
+    """first_max's two-level search against torch's max over the row: ties to the first index, a NaN
+    wins (the first one), +-inf and rows of one value included; V not a multiple of a chunk falls back."""
+    gen = torch.Generator().manual_seed(V)
+    x = torch.randint(-3, 4, (6, 5, V), generator=gen).double()  # many exact ties
+    x[0, 0] = 2.0
+    x[1, 1, V // 2] = float("nan")
+    x[1, 1, V - 1] = float("nan")
+    x[2, 2, 3] = float("inf")
+    x[2, 3, :] = float("-inf")
+    x[3, 4, -1] = 9.0
+    top, index = first_max(x)
+    want_top, want_index = x.max(-1)
+    assert torch.equal(index, want_index) and torch.equal(top.nan_to_num(-7.0), want_top.nan_to_num(-7.0))

@@ -55,13 +55,13 @@ def _reference_guesses(logits, mask_id, renormalised: bool):
 
 def _cpu_guesses(logits: torch.Tensor, mask_id: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`step_guesses` in three passes over the logits and no copy of them when they are float32 or
-    float64 already: one max over the whole row gives both the logsumexp's shift and, wherever the mask
-    is not the row's first maximum, the answer; only rows whose first maximum is the mask (a host read:
-    cheap on the CPU) are searched again without it. The denominator is torch's own logsumexp, step for
-    step (amax, shift, exp, sum, log, add), so the confidence is bit-identical to the reference's."""
+    float64 already: a max (with its first index) over the whole row gives the logsumexp's shift and,
+    wherever the mask is not the row's first maximum, the answer; only rows whose first maximum is the
+    mask (a host read: cheap on the CPU) are searched again without it. The denominator is torch's own
+    logsumexp, step for step (amax, shift, exp, sum, log, add), so the confidence is bit-identical."""
     wide = torch.promote_types(logits.dtype, torch.float32)
     logits = logits if logits.dtype == wide else logits.to(wide)
-    top, token = logits.max(-1)  # [...]: the first maximum (NaN if the row holds one), the mask included
+    top, token = first_max(logits)  # [...]: NaN where the row holds one, the mask included
     shift = top.masked_fill(top.abs() == float("inf"), 0.0)
     total = torch.sub(logits, shift[..., None]).exp_().sum(-1).log_().add_(shift)  # [...]
     masks = mask_id.view(-1, *[1] * (token.dim() - 1)) if isinstance(mask_id, torch.Tensor) else mask_id
@@ -73,6 +73,23 @@ def _cpu_guesses(logits: torch.Tensor, mask_id: int | torch.Tensor) -> tuple[tor
         top[again], token[again] = rows.max(-1)
     conf = (top - total).exp().masked_fill(total == float("inf"), float("nan"))  # a +inf logit, the mask's too
     return conf, token
+
+
+MAX_CHUNK = 128  # ids per chunk of first_max's two-level search
+
+
+def first_max(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x.max(-1) (the value, and the first index that holds it; NaN counts as the largest) in one
+    vectorised pass: on the CPU torch's max with indices runs element by element, its amax does not.
+    Each chunk's amax, then the first chunk holding the row's max, then the first index inside it."""
+    V = x.shape[-1]
+    chunk = next((c for c in (MAX_CHUNK, 64, 32) if V % c == 0 and V > c), None)
+    if chunk is None:
+        return x.max(-1)
+    chunks = x.reshape(*x.shape[:-1], V // chunk, chunk)  # [..., V / chunk, chunk]
+    top, first = chunks.amax(-1).max(-1)  # [...]: the row's max, the first chunk whose amax it is
+    inside = chunks.gather(-2, first[..., None, None].expand(*first.shape, 1, chunk)).squeeze(-2)  # [..., chunk]
+    return top, first * chunk + inside.max(-1).indices
 
 
 def joint_threshold(tokens, logits, frozen, mask_ids, thresholds, editing) -> StepUpdate:

@@ -280,24 +280,21 @@ class Experts(nn.Module):
         return x
 
     def sparse(self, x, expert_ids, weights):
-        """Tokens grouped by expert; one matmul chain per expert that has tokens."""
+        """Tokens grouped by expert, gathered once; one matmul chain per expert that has tokens; then
+        weighted and added back in one op each (the same sums in the same order as adding expert by
+        expert: index_add runs its rows in order). Differentiable: training takes this path too."""
         N, A = expert_ids.shape
         flat = expert_ids.flatten()
         order = flat.argsort(stable=True)
         counts = torch.bincount(flat, minlength=self.w_gate.shape[0]).tolist()
         token_of = order // A
-        w_sorted = weights.flatten()[order]
-        out = torch.zeros_like(x)
-        offset = 0
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            idx = token_of[offset : offset + n]
-            xe = x[idx]
-            h = F.silu(self.linear(xe, "w_gate", e)) * self.linear(xe, "w_up", e)
-            out.index_add_(0, idx, (self.linear(h, "w_down", e) * w_sorted[offset : offset + n, None]).to(out.dtype))
-            offset += n
-        return out
+        xs = x[token_of].split(counts)  # each expert's tokens [n, C], in expert order
+        ys = []
+        for e, xe in enumerate(xs):
+            if len(xe):
+                ys.append(self.linear(F.silu(self.linear(xe, "w_gate", e)) * self.linear(xe, "w_up", e), "w_down", e))
+        y = torch.cat(ys) * weights.flatten()[order, None]  # [N * A, C]
+        return torch.zeros_like(x).index_add(0, token_of, y.to(x.dtype))
 
     def fused(self, x, expert_ids, weights):
         """llada_lsp/kernels' fused MoE: grouped GEMMs over the touched experts only (Triton, CUDA)."""
