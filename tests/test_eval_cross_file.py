@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from llada_lab.training.corpus import SourceFile
 from llada_lab.training.cross_file import (
     group_by_package,
@@ -67,22 +69,27 @@ def test_names_in_strings_and_comments_are_not_holes():
     assert make_cross_file_tasks([current], group_by_package([MODELS, current]), 10, seed=1) == []
 
 
-def test_the_command_runs_the_real_servers(tmp_path: Path):
+@pytest.mark.parametrize("service", [False, True], ids=["in-process", "engine-service"])
+def test_the_command_runs_the_real_servers(tmp_path: Path, service: bool):
     """On and off with the embedded model over stdio: every task answered by both, the table and the
-    sign-test lines printed, the markdown written."""
+    sign-test lines printed, the markdown written; with engine services, their prefix-cache hit rates."""
     for name, files in (("heldout-thirdparty", [CURRENT]), ("train", [MODELS, PRICES])):
         with gzip.open(tmp_path / f"{name}.jsonl.gz", "wt", encoding="utf-8") as f:
             for sf in files:
                 f.write(json.dumps({"path": sf.path, "text": sf.text}) + "\n")
     md = tmp_path / "out.md"
     done = subprocess.run([sys.executable, "-m", "llada_lab", "eval-infill", "--cross-file", "--corpus", str(tmp_path),
-                           "--n", "2", "--single-file-n", "1", "--markdown", str(md)],
+                           "--n", "2", "--single-file-n", "1", "--markdown", str(md)] + ["--engine-service"] * service,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     rows = {tuple(line.split()[:3]) for line in done.stdout.splitlines()}
     assert ("cross-file", "all", "4") in rows and ("single-file", "all", "2") in rows
     assert re.search(r"cross-file: context on right where off is wrong on \d+ tasks", done.stdout)
     assert "contextFiles on vs off" in md.read_text()
+    rates = re.search(r"Prefix-cache hit rate \(.*\): on (\S+), off (\S+)", done.stdout)
+    assert (rates is not None) == service, done.stdout[-600:]
+    if service:
+        assert all(re.fullmatch(r"\d+\.\d%", rate) for rate in rates.groups()), "both services answered their rate"
 
 
 def test_training_samples_start_with_the_imported_modules_as_the_server_renders_them():

@@ -9,7 +9,9 @@ files (the current file with its hole), one workspace folder per package; per ta
 imported modules, then the current file, asks one inline completion at the cursor and closes them.
 Both servers run side by side, each task asked of one and then the other (alternating who goes
 first). Scores: first-line exact match, the task-by-task sign test, p50/p95 of the answer's latency
-(from the request to its answer, client side).
+(from the request to its answer, client side). With `--engine-service`, each server's model runs in
+its own engine service (`llada-lsp engine`), and the services' prefix-cache hit rates are read at the
+end (the in-process engine reports none to the LSP).
 """
 
 from __future__ import annotations
@@ -118,11 +120,42 @@ async def ask(client: LspClient, workspace: Workspace, task: CrossFileTask, text
     return cut_to_unit(task.kind, text), seconds
 
 
+async def start_engine(address: str, command: list[str]) -> asyncio.subprocess.Process:
+    """An engine service listening on `address`, once its socket answers a status request."""
+    from llada_lsp.address import parse_address
+    from llada_lsp.commands.engine import ask_status
+
+    process = await asyncio.create_subprocess_exec(*command, "--listen", address, stdin=asyncio.subprocess.DEVNULL,
+                                                   stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            await ask_status(parse_address(address), None)
+            return process
+        except Exception:  # not listening yet (no socket, refused): asked again until the deadline
+            if process.returncode is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the engine service on {address} did not start") from None
+            await asyncio.sleep(0.5)
+
+
+async def hit_rate(address: str) -> float | None:
+    """The service's prefix-cache hits: whole prompt blocks found / looked up, every client together."""
+    from llada_lsp.address import parse_address
+    from llada_lsp.commands.engine import ask_status
+
+    return (await ask_status(parse_address(address), None)).cache_hit_rate
+
+
 async def run_all(commands: dict[str, tuple[list[str], dict]], splits: dict[str, list[CrossFileTask]],
-                  workspace: Workspace, texts: dict[str, str]) -> dict[str, dict[str, Answers]]:  # fmt: skip
-    """Every split's tasks asked of every configuration's server (alternating which goes first)."""
+                  workspace: Workspace, texts: dict[str, str],
+                  engines: dict[str, tuple[str, list[str]]] | None = None) -> tuple[dict, dict[str, float | None]]:  # fmt: skip
+    """Every split's tasks asked of every configuration's server (alternating which goes first): the
+    answers per split and configuration, and per configuration its engine service's hit rate (with
+    `engines`: name -> (address, the service's command); else none)."""
+    services = {name: await start_engine(address, command) for name, (address, command) in (engines or {}).items()}
     servers = {name: await start_server(command, options, workspace) for name, (command, options) in commands.items()}
     out = {split: {name: Answers() for name in commands} for split in splits}
+    rates: dict[str, float | None] = {}
     started = time.perf_counter()
     try:
         for split, tasks in splits.items():
@@ -136,10 +169,15 @@ async def run_all(commands: dict[str, tuple[list[str], dict]], splits: dict[str,
                 if (index + 1) % 50 == 0:
                     print(f"[{split}: {index + 1}/{len(tasks)}, {time.perf_counter() - started:.0f}s]",
                           file=sys.stderr, flush=True)  # fmt: skip
+        for name, (address, _) in (engines or {}).items():
+            rates[name] = await hit_rate(address)
     finally:
         for client in servers.values():
             await client.shutdown(30)
-    return out
+        for process in services.values():
+            process.terminate()
+            await process.wait()
+    return out, rates
 
 
 def right(tasks: list[CrossFileTask], answers: Answers) -> list[bool]:
@@ -200,6 +238,8 @@ def eval_cross_file_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1234, help="which tasks are cut (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=1, help="each server's model threads (default: %(default)s)")
     ap.add_argument("--model", default=None, help="model folder (default: the embedded model)")
+    ap.add_argument("--engine-service", action="store_true",
+                    help="each server's model in its own engine service, to read its prefix-cache hit rate")  # fmt: skip
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CACHE,
                     help="the corpus folder: its held-out third-party split is cut, its training split completes "
                          "each package's workspace (default: %(default)s)")  # fmt: skip
@@ -216,20 +256,31 @@ def eval_cross_file_main(argv: list[str] | None = None) -> int:
     if args.single_file_n:
         splits["single-file"] = single_file_tasks(current, packages, args.single_file_n, args.seed)
     texts = {f.path: f.text for files in packages.values() for f in files}
-    base = [sys.executable, "-m", "llada_lsp", "--engine", "local", "--threads", str(args.threads)] + (
-        ["--model", args.model] if args.model else [])  # fmt: skip
+    model = ["--model", args.model] if args.model else []
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="llada-cross-file-") as tmp:
-        workspace = Workspace(Path(tmp), packages)
-        commands = {name: (base, options) for name, options in CONFIGS.items()}
-        answers = asyncio.run(run_all(commands, splits, workspace, texts))
+        workspace = Workspace(Path(tmp) / "workspace", packages)
+        engines, commands = {}, {}
+        for name, options in CONFIGS.items():
+            engine = "local"
+            if args.engine_service:
+                engine = f"unix:{Path(tmp) / name}.sock"
+                engines[name] = (engine, [sys.executable, "-m", "llada_lsp", "engine", "--threads", str(args.threads),
+                                          *model])  # fmt: skip
+            commands[name] = ([sys.executable, "-m", "llada_lsp", "--engine", engine, "--threads", str(args.threads),
+                               *model], options)  # fmt: skip
+        answers, rates = asyncio.run(run_all(commands, splits, workspace, texts, engines))
     counts = ", ".join(f"{split} {len(tasks)}" for split, tasks in splits.items())
     caption = (f"Cross-file infill through the real server (stdio), contextFiles on vs off: model "
                f"{args.model or 'embedded'}, seed {args.seed}, tasks {counts}, server threads {args.threads}, "
                f"{time.time() - started:.0f} s")  # fmt: skip
     table, notes = report(splits, answers)
-    notes.append("Prefix-cache hit rate: not reachable from the LSP with the in-process engine "
-                 "(llada.status does not report it; `llada-lsp engine status` does for the engine service).")  # fmt: skip
+    if rates:
+        notes.append("Prefix-cache hit rate (whole prompt blocks found / looked up, each configuration's engine "
+                     "service): " + ", ".join(f"{name} {'-' if r is None else f'{r:.1%}'}" for name, r in rates.items()))  # fmt: skip
+    else:
+        notes.append("Prefix-cache hit rate: not reachable from the LSP with the in-process engine (llada.status "
+                     "does not report it); `--engine-service` reads it from each configuration's engine service.")  # fmt: skip
     print(caption, table.text(), "", *notes, sep="\n")
     if args.markdown:
         out = Report("Context from other files (cross-file infill)")

@@ -247,13 +247,13 @@ def group_by_package(*corpora: list[SourceFile]) -> dict[str, list[SourceFile]]:
 
 # ---- training samples: related files of one package before the hole --------------------------------
 
-AROUND_LINES = (8, 3)  # the lines before and after the cursor whose identifiers rank the snippets
 
-
-def around_cursor(prefix: str, suffix: str) -> str:
-    """The code near the cursor that the snippets are ranked against (completion/context.py `choose`)."""
-    before, after = AROUND_LINES
-    return "\n".join(prefix.split("\n")[-before:]) + "\n".join(suffix.split("\n")[:after])
+def lines_around(text: str, offset: int, before: int, after: int) -> str:
+    """The cursor's line with up to `before` whole lines above it and `after` below (line ends kept),
+    as the server's front cuts the text it ranks snippets against (server/context.py)."""
+    head = text[:offset].split("\n")
+    tail = text[offset:].split("\n")
+    return "\n".join(head[-before - 1 :]) + "\n".join(tail[: after + 1]) + ("\n" if len(tail) > after + 1 else "")
 
 
 class CrossFileSamples:
@@ -299,7 +299,9 @@ class CrossFileSamples:
 
     def sample(self) -> list[int]:
         from llada_lsp.completion.context import choose, windows
+        from llada_lsp.completion.jobs import CONTEXT_TOKENS
         from llada_lsp.completion.prompt import infill_prompt
+        from llada_lsp.server.context import AROUND_LINES, CHARS_PER_TOKEN, WINDOW_LINES  # the front's own sizes
 
         while True:
             f, imported, candidates, package = self.rng.choice(self.files)
@@ -311,11 +313,16 @@ class CrossFileSamples:
             if self.rng.random() < 0.3:  # an open file that has nothing to do with the hole
                 sources.append(self.rng.choice(package))
             pool = [w for g in sources if g.path != f.path for w in self._windows(g, windows)]
-            window = prefix[-4000:] + suffix[:1000]
-            snippets = choose(pool, around_cursor(prefix, suffix), window, 8000)
+            text, cursor = prefix + suffix, len(prefix)
+            around, window = (
+                lines_around(text, cursor, *AROUND_LINES),
+                lines_around(text, cursor, WINDOW_LINES, WINDOW_LINES),
+            )
+            share = self.rng.choice(self.shares)  # the chooser's budget, as the front sizes it for the setting
+            snippets = choose(pool, around, window, CONTEXT_TOKENS * share // 100 * CHARS_PER_TOKEN)
             gen = 64 if not prefix.split("\n")[-1].strip() else 32
             prompt = infill_prompt(prefix, suffix, self.codec, self.seq_len - gen, context=snippets,
-                                   context_share=self.rng.choice(self.shares))  # fmt: skip
+                                   context_share=share)  # fmt: skip
             middle_ids = self.codec.encode(middle)[:gen]
             ids = prompt.ids + middle_ids
             return ids + [self.codec.special.eos] * (self.seq_len - len(ids))
