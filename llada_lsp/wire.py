@@ -25,7 +25,8 @@ from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 import msgpack
 
 # 2: done's `steps` became `step` (done is the last draft); 3: status's family, decoding, family_line;
-# 4: infill's `context`, `context_share` and `warm` (snippets of other files: a version-3 service refuses them)
+# 4: infill's `context`, `context_share` and `warm`, rewrite's `context` and `context_share` (snippets of other
+# files: a version-3 service would refuse the fields)
 VERSION = 4
 MAX_FRAME = 16 * 2**20  # a 2 MB document's window is far smaller; anything this big is a broken peer
 MAX_ITEMS = 256  # entries in any map or list of a frame
@@ -121,6 +122,8 @@ class RewriteAsk:
     context_tokens: int
     instruction: str | None = None
     python: bool = False  # parse-checked with ast; other languages are held to their brackets and quotes
+    context: list[dict[str, str]] | None = None  # as infill's: snippets of other files, and their share
+    context_share: int | None = None
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ prompt's budget with snippets, huge files included; the wire's `context` field."
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -15,8 +16,8 @@ from llada_lsp import wire
 from llada_lsp.completion import context as ctx
 from llada_lsp.completion.context import Snippet, choose, python_imports, render_snippets, windows
 from llada_lsp.completion.history import History
-from llada_lsp.completion.jobs import Infill, from_wire, to_wire
-from llada_lsp.completion.prompt import TextCodec, infill_prompt
+from llada_lsp.completion.jobs import Infill, Rewrite, from_wire, to_wire
+from llada_lsp.completion.prompt import TextCodec, infill_prompt, rewrite_prompt
 from llada_lsp.model import EMBEDDED_MODEL, load_tokenizer
 from llada_lsp.server.context import MAX_FILE_BYTES, PAUSE_SECONDS, ContextFiles
 from llada_lsp.server.documents import Document
@@ -222,3 +223,24 @@ def test_the_wire_carries_path_and_text_only_and_refuses_bad_context():
     with pytest.raises(wire.WireError):
         wire.decode(body)
     assert wire.VERSION == 4 and os.path.basename(ctx.__file__) == "context.py"
+
+
+def test_a_rewrite_carries_the_snippets_too_and_its_prompt_keeps_the_models_positions(codec):
+    job = Rewrite.at(MAIN + "rectangle_area(width, height)\n", len(MAIN), len(MAIN) + 29, "quality", 1024)
+    job = dataclasses.replace(job, context=ctx.to_wire([Snippet("pkg/geometry.py", GEOMETRY)]), context_share=40)
+    back = from_wire(wire.decode(wire.encode(to_wire(job, 3, "r", False))[4:]))
+    assert back == job
+    snippets = ctx.from_wire(back.context)
+    p = rewrite_prompt(back.before, back.selection, back.after, codec, 512, 1024, context=snippets, context_share=40)
+    assert len(p.prompt.ids) + p.gen_length <= 512 and p.prompt.context == snippets
+    assert p.prompt.ids[: p.prompt.ids.index(codec.special.fim_prefix)] == codec.encode(render_snippets(snippets))
+    assert ctx.wire_problem(None) is None
+
+
+def test_choose_at_is_what_the_front_chooses_with():
+    doc = Document("file:///main.py", 1, "x = 1\n" * 300 + "area = rectangle_area(width, ")
+    geometry = Document("file:///geo.py", 1, GEOMETRY)
+    files = ContextFiles()
+    chosen = files.choose_now(doc, len(doc.text), [doc, geometry], History(), 100)
+    assert chosen == ctx.choose_at(files.candidates(doc, [doc, geometry], History()), doc.text, len(doc.text), 100)
+    assert ctx.lines_around("a\nb\nc\nd\n", 4, 1, 0) == "b\nc\n"

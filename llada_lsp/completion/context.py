@@ -20,6 +20,9 @@ MAX_SNIPPETS = 6  # chosen at most, whatever the budget
 SCAN_CHARS = 200_000  # of each source, looked at: a huge file costs the choice no more than this
 MAX_WIRE_SNIPPETS = 16  # what a request frame may carry
 MAX_SNIPPET_CHARS = 8_000  # one snippet's text, on the wire and from a client's llada/context
+AROUND_LINES = (20, 5)  # the lines before and after the cursor's whose identifiers rank the snippets
+WINDOW_LINES = 60  # lines each side of the cursor that the prompt's window holds, near enough: never snippets
+CHARS_PER_TOKEN = 4  # the chooser's budget in characters; the prompt counts the ids and cuts to fit
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Words every Python file has: sharing them says nothing of two pieces of code being related.
@@ -90,6 +93,35 @@ def choose(candidates: Iterable[Snippet], around: str, window: str, max_chars: i
         chosen.append(snippet)
         used += size
     return tuple(chosen)
+
+
+def choose_at(candidates: Iterable[Snippet], text: str, offset: int, max_tokens: int) -> tuple[Snippet, ...]:
+    """`choose` for a cursor at `offset` of `text` (the whole document), within about `max_tokens`
+    tokens: ranked against AROUND_LINES lines around the cursor, none the WINDOW_LINES each side hold.
+    What the server's front chooses with, and what training samples are built with."""
+    around, window = lines_around(text, offset, *AROUND_LINES), lines_around(text, offset, WINDOW_LINES, WINDOW_LINES)
+    return choose(candidates, around, window, max_tokens * CHARS_PER_TOKEN)
+
+
+def line_span(text: str, offset: int, before: int, after: int) -> tuple[int, int]:
+    """The offsets of the cursor's line with up to `before` lines above it and `after` below."""
+    start = text.rfind("\n", 0, offset) + 1
+    for _ in range(before):
+        if start == 0:
+            break
+        start = text.rfind("\n", 0, start - 1) + 1
+    end = offset
+    for _ in range(after + 1):
+        found = text.find("\n", end)
+        if found < 0:
+            return start, len(text)
+        end = found + 1
+    return start, end
+
+
+def lines_around(text: str, offset: int, before: int, after: int) -> str:
+    start, end = line_span(text, offset, before, after)
+    return text[start:end]
 
 
 def _held(text: str, held: set[str]) -> bool:

@@ -56,7 +56,8 @@ class Infill:
 @dataclass(frozen=True)
 class Rewrite(wire.RewriteAsk):
     """Revise `selection`, which sits between `before` and `after` (the window around it): the fields
-    are the wire's, declared once there."""
+    are the wire's, declared once there (its `context` too: snippets as completion/context.py: to_wire
+    makes them)."""
 
     @classmethod
     def at(cls, text: str, start: int, end: int, mode: str, context_tokens: int = CONTEXT_TOKENS,
@@ -108,7 +109,11 @@ def to_wire(job: Job, request_id: int, key: str, drafts: bool) -> wire.Infill | 
         return wire.Infill(request_id, key, before, after, job.mode, job.max_tokens, job.context_tokens, drafts,
                            draft, job.typed if draft is not None else None, context or None,
                            job.context_share if context else None, job.warm or None)  # fmt: skip
-    ask = dataclasses.replace(job, before=before, selection=without_surrogates(job.selection), after=after)
+    context = [
+        {"path": without_surrogates(s["path"]), "text": without_surrogates(s["text"])} for s in job.context or ()
+    ]
+    ask = dataclasses.replace(job, before=before, selection=without_surrogates(job.selection), after=after,
+                              context=context or None, context_share=job.context_share if context else None)  # fmt: skip
     return wire.Rewrite(**_ask_fields(ask), drafts=drafts, id=request_id, key=key)
 
 

@@ -16,8 +16,9 @@ from itertools import accumulate
 from os.path import commonprefix  # character by character: the text both show
 
 from ..errors import Refused
+from . import context as snippets
 from .generation import Draft, Flag, GenerationRequest, LoadedModel, Result, check_request
-from .jobs import Infill, Job, Outcome, Rewrite, trimmed
+from .jobs import MAX_CONTEXT_SHARE, Infill, Job, Outcome, Rewrite, trimmed
 from .postprocess import Completion, Cursor, bound_rewrite, finish, strip_special, unfence
 from .prompt import CHARS_PER_TOKEN, Healed, heal, infill_prompt, rewrite_prompt
 from .syntax import check_rewrite
@@ -231,7 +232,8 @@ class RewritePlan(Plan):
         before, after = trimmed(job.before, job.after, job.context_tokens * CHARS_PER_TOKEN)
         self.prompt = prompt = rewrite_prompt(before, job.selection, after, codec, model.max_positions,
                                               job.context_tokens, job.instruction, model.edit_ids is not None,
-                                              model.block_size)  # fmt: skip
+                                              model.block_size, snippets.from_wire(job.context),
+                                              min(job.context_share or 0, MAX_CONTEXT_SHARE))  # fmt: skip
         self.started = time.perf_counter()
         self.request = check_request(GenerationRequest(
             prompt.prompt.ids, prompt.gen_length, job.mode, codec.special.mask, codec.special.eos, cancel=cancel,

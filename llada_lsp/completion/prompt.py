@@ -121,7 +121,8 @@ def grow_allowance(selection_tokens: int) -> int:
 
 def rewrite_prompt(before: str, selection: str, after: str, codec: TextCodec, max_positions: int,
                    context_tokens: int, instruction: str | None = None, edits: bool = False,
-                   block_size: int = 32) -> RewritePrompt:  # fmt: skip
+                   block_size: int = 32, context: tuple[Snippet, ...] = (),
+                   context_share: int = 0) -> RewritePrompt:  # fmt: skip
     """The selection is the initial draft of the generated blocks, followed by masks for room to grow.
 
     `edits`: the model edits a draft in place (LLaDA2.2's INSERT and DELETE), so a word it adds shifts
@@ -142,7 +143,7 @@ def rewrite_prompt(before: str, selection: str, after: str, codec: TextCodec, ma
         task = ("Rewrite the code at <HOLE>" + (f" ({instruction})" if instruction else "") + ". It is now:\n"
                 f"```\n{selection}\n```\nAnswer with the new code only, no explanation.")  # fmt: skip
     budget = min(context_tokens, max_positions - gen_length)
-    prompt = infill_prompt(before, after, codec, budget, task)
+    prompt = infill_prompt(before, after, codec, budget, task, context, context_share)
     if edits and codec.special.eos is not None:
         P = len(prompt.ids)
         gen_length = min(gen_length + (-(P + gen_length)) % block_size, max_positions - P)

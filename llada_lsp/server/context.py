@@ -18,19 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from ..completion.context import MAX_SNIPPET_CHARS, Snippet, choose, python_imports, windows
+from ..completion.context import MAX_SNIPPET_CHARS, Snippet, choose_at, line_span, python_imports, windows
 from ..completion.history import History
 from ..completion.syntax import is_python
 from .documents import Document
 
 PAUSE_SECONDS = 1.0  # a request after this long without one chooses the set again
-AROUND_LINES = (20, 5)  # the lines before and after the cursor's whose identifiers rank the snippets
-WINDOW_LINES = 60  # lines each side of the cursor that the prompt's window holds, near enough: never snippets
 EDIT_LINES = 6  # lines each side of a recent edit that make its snippet
 MAX_FILE_BYTES = 256 * 1024  # an imported file larger than this is not read
 MAX_IMPORTED = 16  # imported workspace files looked at per choice
 MAX_CLIENT_CHUNKS = 16  # llada/context chunks kept, the oldest dropped first
-CHARS_PER_TOKEN = 4  # the chooser's budget in characters; the prompt counts the ids and cuts to fit
 CLIENT = "llada/context"
 
 
@@ -38,7 +35,7 @@ CLIENT = "llada/context"
 class _Choice:
     line: int
     used: float  # when a request last used it
-    max_chars: int
+    max_tokens: int
     snippets: tuple[Snippet, ...]
 
 
@@ -182,22 +179,22 @@ class ContextFiles:
         is on the same line and the last request was less than PAUSE_SECONDS ago, else a new choice
         (`choose_now`) within about `max_tokens` tokens."""
         now, line = self.clock(), doc.text.count("\n", 0, offset)
-        max_chars = max_tokens * CHARS_PER_TOKEN
         last = self._chosen.get(doc.uri)
-        if last is not None and last.line == line and now - last.used <= PAUSE_SECONDS and last.max_chars == max_chars:
-            self._chosen[doc.uri] = _Choice(line, now, max_chars, last.snippets)
+        if (
+            last is not None
+            and last.line == line
+            and now - last.used <= PAUSE_SECONDS
+            and last.max_tokens == max_tokens
+        ):
+            self._chosen[doc.uri] = _Choice(line, now, max_tokens, last.snippets)
             return last.snippets
         return self.choose_now(doc, offset, documents, history, max_tokens)
 
     def choose_now(self, doc: Document, offset: int, documents: Iterable[Document], history: History,
                    max_tokens: int) -> tuple[Snippet, ...]:  # fmt: skip
         """A new choice at `offset`, kept for the requests that follow on its line."""
-        text, line = doc.text, doc.text.count("\n", 0, offset)
-        around = _lines(text, offset, *AROUND_LINES)
-        window = _lines(text, offset, WINDOW_LINES, WINDOW_LINES)
-        max_chars = max_tokens * CHARS_PER_TOKEN
-        chosen = choose(self.candidates(doc, documents, history), around, window, max_chars)
-        self._chosen[doc.uri] = _Choice(line, self.clock(), max_chars, chosen)
+        chosen = choose_at(self.candidates(doc, documents, history), doc.text, offset, max_tokens)
+        self._chosen[doc.uri] = _Choice(doc.text.count("\n", 0, offset), self.clock(), max_tokens, chosen)
         return chosen
 
 
@@ -209,29 +206,8 @@ def path_of(uri: str) -> str | None:
     return unquote(parsed.path) or None
 
 
-def _span(text: str, offset: int, before: int, after: int) -> tuple[int, int]:
-    """The offsets of the cursor's line with up to `before` lines above it and `after` below."""
-    start = text.rfind("\n", 0, offset) + 1
-    for _ in range(before):
-        if start == 0:
-            break
-        start = text.rfind("\n", 0, start - 1) + 1
-    end = offset
-    for _ in range(after + 1):
-        found = text.find("\n", end)
-        if found < 0:
-            return start, len(text)
-        end = found + 1
-    return start, end
-
-
-def _lines(text: str, offset: int, before: int, after: int) -> str:
-    start, end = _span(text, offset, before, after)
-    return text[start:end]
-
-
 def _edit_region(doc: Document, start: int, label: str) -> Snippet:
     """The lines around a recent edit of `doc`, as its text is now (an edit's offset may be stale by a
     few characters: it only places the region)."""
-    lo, hi = _span(doc.text, min(max(start, 0), len(doc.text)), EDIT_LINES, EDIT_LINES)
+    lo, hi = line_span(doc.text, min(max(start, 0), len(doc.text)), EDIT_LINES, EDIT_LINES)
     return Snippet(label, doc.text[lo:hi][:MAX_SNIPPET_CHARS], doc.uri, doc.text.count("\n", 0, lo))

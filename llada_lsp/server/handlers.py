@@ -7,6 +7,7 @@ Knows pygls and lsprotocol, and jobs as plain values; the server's state is lang
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 from pygls.protocol import default_converter
 
+from ..completion import context as snippets
 from ..completion.jobs import Rewrite
 from ..completion.syntax import is_python
 from . import inline, next_edit
@@ -98,6 +100,9 @@ async def rewrite_selection(ls: LladaServer, params: types.ExecuteCommandParams)
                                code=REQUEST_FAILED)  # fmt: skip
     job = Rewrite.at(doc.text, start, end, ls.settings.rewrite_mode, ls.settings.context_tokens, arg.instruction,
                      is_python(doc.language, doc.uri))  # fmt: skip
+    context = snippets.to_wire(ls.context_for(doc, start))
+    if context:  # as a completion's prompt: the other files' snippets first, within their share
+        job = dataclasses.replace(job, context=context, context_share=ls.settings.context_files_share)
     with WorkDone(ls, params.work_done_token, "llada: rewriting the selection") as progress:
         outcome = await ls.run_job(rewrite_key(arg.uri), f"rewrite {ls.protocol.msg_id}", job, progress.step)
     if outcome.stopped in ("unchanged", "refused"):  # nothing to apply: the client is told why

@@ -371,7 +371,7 @@ class EngineService:
             return f"unknown mode {request.mode!r}; this engine has {', '.join(self.modes)}"
         if request.context_tokens < 1 or (isinstance(request, wire.Infill) and request.max_tokens < 1):
             return "max_tokens and context_tokens must be positive"
-        if isinstance(request, wire.Infill) and (problem := context.wire_problem(request.context)):
+        if not isinstance(request, wire.NextEdit) and (problem := context.wire_problem(request.context)):
             return problem
         return None
 
