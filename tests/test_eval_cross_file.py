@@ -86,6 +86,10 @@ def test_the_command_runs_the_real_servers(tmp_path: Path, service: bool):
     assert ("cross-file", "all", "4") in rows and ("single-file", "all", "2") in rows
     assert re.search(r"cross-file: context on right where off is wrong on \d+ tasks", done.stdout)
     assert "contextFiles on vs off" in md.read_text()
+    chosen = re.search(r"cross-file, context on: snippets chosen for (\d+) of 4 tasks; .* for (\d+)", done.stdout)
+    assert chosen and int(chosen[1]) == 4 and int(chosen[2]) == 4, (
+        "the server put the open module's names in every prompt"
+    )
     rates = re.search(r"Prefix-cache hit rate \(.*\): on (\S+), off (\S+)", done.stdout)
     assert (rates is not None) == service, done.stdout[-600:]
     if service:

@@ -19,12 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llada_lsp.completion.context import SNIPPET_LINES
 from llada_lsp.lsp_client import LspClient, position
 from llada_lsp.report import Report, Table, add_markdown_argument
 from llada_lsp.server.positions import UTF32
@@ -43,16 +45,33 @@ from ..training.cross_file import (
 )
 from ..training.eval_infill import cut_to_unit, first_line, make_tasks, sign_test
 
+_CHOSEN = re.compile(r"^llada: context for (\S+) at line \d+(?: \(idle\))?: (.*)$")  # server/language_server.py's line
 CONFIGS = {"on": {"contextFiles": True}, "off": {"contextFiles": False}}
 INVOKED = 1  # InlineCompletionTriggerKind.Invoked: the user asked (no debounce in the way)
 
 
 @dataclass
 class Answers:
-    """One configuration's answers to one task set, in task order."""
+    """One configuration's answers to one task set, in task order; `name_shown`: whether the lines of
+    the snippets the server chose hold the task's name (before the prompt cut them to its share)."""
 
     texts: list[str] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
+    chosen: list[int] = field(default_factory=list)  # snippets chosen per task
+    name_shown: list[bool] = field(default_factory=list)
+
+
+@dataclass
+class Server:
+    """A server and the snippet set it last said it chose per document (its log line)."""
+
+    client: LspClient
+    chosen: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # uri -> [(label, first line)]
+
+    def on_log(self, params: dict) -> None:
+        if match := _CHOSEN.match(params.get("message", "")):
+            places = [p.rsplit(":", 1) for p in match[2].split(", ")] if match[2] != "none" else []
+            self.chosen[match[1]] = [(label, int(line) - 1) for label, line in places]
 
 
 class Workspace:
@@ -79,11 +98,13 @@ class Workspace:
         return [{"uri": (self.root / name).as_uri(), "name": name} for name in sorted(self.packages)]
 
 
-async def start_server(command: list[str], options: dict, workspace: Workspace) -> LspClient:
+async def start_server(command: list[str], options: dict, workspace: Workspace) -> Server:
     """The server as an editor starts it: the workspace folders in `initialize` (lsp_client's
     `initialize` sends none), `options` as its initializationOptions; ready once the model has loaded
     and answered once."""
     client = await LspClient.start(command, stderr="discard")
+    server = Server(client)
+    client.on("window/logMessage", server.on_log)
     ready = asyncio.Event()  # completions answer with nothing while the model loads: wait for its status
     client.on("llada/status", lambda status: ready.set() if status.get("state") == "ready" else None)
     capabilities = {"general": {"positionEncodings": [UTF32]}, "workspace": {"workspaceFolders": True}}
@@ -97,7 +118,7 @@ async def start_server(command: list[str], options: dict, workspace: Workspace) 
     doc = client.did_open((workspace.root / "warm-up.py").as_uri(), "def f(x):\n    return \n")
     await complete(client, doc.uri, position(doc, len("def f(x):\n    return "), client.encoding), 300)
     client.did_close(doc)
-    return client
+    return server
 
 
 async def complete(client: LspClient, uri: str, at: dict, timeout: float) -> tuple[str, float]:
@@ -109,15 +130,25 @@ async def complete(client: LspClient, uri: str, at: dict, timeout: float) -> tup
     return (items[0]["insertText"] if items else ""), request.arrived - request.sent
 
 
-async def ask(client: LspClient, workspace: Workspace, task: CrossFileTask, texts: dict[str, str]) -> tuple[str, float]:
+async def ask(server: Server, workspace: Workspace, task: CrossFileTask, texts: dict[str, str],
+              answers: Answers) -> None:  # fmt: skip
     """The editor's part of one task: the modules open, then the current file with its hole, one
-    completion at the cursor, everything closed again."""
+    completion at the cursor, everything closed again; its answer and what the server chose, kept."""
+    client = server.client
     opened = [client.did_open(workspace.uri(p), texts[p]) for p in task.opened]
     doc = client.did_open(workspace.uri(task.path), task.prefix + task.suffix)
+    server.chosen.pop(doc.uri, None)
     text, seconds = await complete(client, doc.uri, position(doc, len(task.prefix), client.encoding), 120)
     for d in (doc, *opened):
         client.did_close(d)
-    return cut_to_unit(task.kind, text), seconds
+    chosen = server.chosen.pop(doc.uri, [])
+    package = f"pypi/{package_of(task.path)}/"
+    lines = ["".join(texts.get(package + label, "").splitlines(keepends=True)[line : line + SNIPPET_LINES])
+             for label, line in chosen]  # fmt: skip
+    answers.texts.append(cut_to_unit(task.kind, text))
+    answers.seconds.append(seconds)
+    answers.chosen.append(len(chosen))
+    answers.name_shown.append(bool(task.name) and any(task.name in text for text in lines))
 
 
 async def start_engine(address: str, command: list[str]) -> asyncio.subprocess.Process:
@@ -162,9 +193,7 @@ async def run_all(commands: dict[str, tuple[list[str], dict]], splits: dict[str,
             for index, task in enumerate(tasks):
                 workspace.write(task.path, task.prefix + task.suffix)  # the disk never holds the answer
                 for name in list(commands) if index % 2 == 0 else list(commands)[::-1]:
-                    text, seconds = await ask(servers[name], workspace, task, texts)
-                    out[split][name].texts.append(text)
-                    out[split][name].seconds.append(seconds)
+                    await ask(servers[name], workspace, task, texts, out[split][name])
                 workspace.write(task.path, texts[task.path])
                 if (index + 1) % 50 == 0:
                     print(f"[{split}: {index + 1}/{len(tasks)}, {time.perf_counter() - started:.0f}s]",
@@ -172,8 +201,8 @@ async def run_all(commands: dict[str, tuple[list[str], dict]], splits: dict[str,
         for name, (address, _) in (engines or {}).items():
             rates[name] = await hit_rate(address)
     finally:
-        for client in servers.values():
-            await client.shutdown(30)
+        for server in servers.values():
+            await server.client.shutdown(30)
         for process in services.values():
             process.terminate()
             await process.wait()
@@ -223,6 +252,11 @@ def report(splits: dict[str, list[CrossFileTask]], answers: dict[str, dict[str, 
                       f"{percentile(s_off, 0.5) * 1000:.0f}", f"{percentile(s_on, 0.95) * 1000:.0f}",
                       f"{percentile(s_off, 0.95) * 1000:.0f}")  # fmt: skip
             if kind == "all":
+                with_snippets = sum(on.chosen[i] > 0 for i in idx)
+                shown = sum(on.name_shown[i] for i in idx)
+                notes.append(f"{split}, context on: snippets chosen for {with_snippets} of {len(idx)} tasks"
+                             + (f"; the answer's name in their lines (before the prompt's share cut them) for {shown}"
+                                if split == "cross-file" else ""))  # fmt: skip
                 notes.append(f"{split}: context on right where off is wrong on {only_on} tasks, off right where on "
                              f"is wrong on {only_off} (two-sided sign test p = {sign_test(only_on, only_off):.3g})")  # fmt: skip
     return table, notes
