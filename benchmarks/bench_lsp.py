@@ -45,6 +45,7 @@ from llada_lsp.lsp_client import LspClient, Request, position
 from llada_lsp.report import Report, Table, add_markdown_argument
 from llada_lsp.server.documents import Document
 from llada_lsp.server.positions import UTF16
+from llada_lsp.service.client import EngineClient
 
 HERE = Path(__file__).resolve().parent
 RECORDING = HERE / "data" / "inventory_edits.json"
@@ -190,6 +191,7 @@ class Service(EngineService):
     def __init__(self, args):
         super().__init__(args, stdout_to_log=False)
         self.rss = float("nan")
+        self.hit_rate: float | None = None  # the prefix cache's, at the end of the run
 
     def stop(self) -> list[float]:
         """SIGTERM; the seconds of each infill job it ran, in order."""
@@ -298,6 +300,9 @@ async def run(start: str, keys: list[Keystroke], args) -> tuple[list[Front], Tim
             ref.texts.append(outcome.text)
             print(f"\r  {i}/{len(keys)}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
+        if service is not None:  # whole prompt blocks found cached, every request together (the snippets' too)
+            async with await EngineClient.connect(service.address, "bench_lsp", totals=True) as engine:
+                service.hit_rate = (await engine.status()).cache_hit_rate
         for front in fronts:
             await front.stop()
     finally:
@@ -390,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     rss = ", ".join(f"{f.label} front {mib(f.rss)}" for f in fronts)
     rss += f"; the service {mib(service.rss)} (target for its front: < 150 MiB)" if service else ""
     notes = [f"RSS at the end of the run: {rss}"]
+    if service is not None and service.hit_rate is not None:
+        notes.append(f"the service's prefix cache: {service.hit_rate:.0%} of whole prompt blocks found cached")
     for f in fronts:
         same = sum(a == b for a, b in zip(f.timing.texts, ref.texts))
         shown = sum(bool(a) for a in f.timing.texts)
