@@ -215,6 +215,8 @@ def test_the_wire_carries_path_and_text_only_and_refuses_bad_context():
     back = from_wire(wire.decode(wire.encode(frame)[4:]))
     assert back.context == (Snippet("p.py", "x = 1\n"),) and back.context_share == 30 and back.warm
     assert to_wire(Infill("a", "b", "speed", 8, 256), 2, "k", False).to_dict().keys().isdisjoint({"context", "warm"})
+    greedy = dataclasses.replace(frame, context_share=99)  # a peer's share past the bound: the window keeps a quarter
+    assert from_wire(greedy).context_share == 75
     assert ctx.wire_problem([{"path": "p.py"}]) is not None
     assert ctx.wire_problem([{"path": "p", "text": "x" * (ctx.MAX_SNIPPET_CHARS + 1)}]) is not None
     assert ctx.wire_problem([{"path": "p", "text": "x"}] * (ctx.MAX_WIRE_SNIPPETS + 1)) is not None

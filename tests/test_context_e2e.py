@@ -173,3 +173,16 @@ async def test_two_editors_of_one_service_never_see_each_others_documents(tmp_pa
             assert await editor.client.shutdown() == 0
         service.terminate()
         assert service.wait(timeout=30) == 0
+
+
+async def test_a_huge_open_document_costs_the_prompt_no_more_than_its_share(workspace: Path):
+    editor = await Editor.start(workspace, {"contextFilesShare": 75})
+    try:
+        huge = "def rectangle_area(width, height):\n    return width * height\n\n" * 40_000  # 2.6 MB
+        editor.client.did_open((workspace / "huge.py").as_uri(), huge)
+        main = editor.client.did_open((workspace / "pkg" / "main.py").as_uri(), MAIN + "rectangle_area(")
+        answer = await editor.complete(main, len(main.text))  # a prompt past the model's positions fails the request
+        assert isinstance(answer, dict) and "items" in answer
+        assert "huge.py:" in editor.context()[-1], editor.context()
+    finally:
+        assert await editor.client.shutdown() == 0
