@@ -3,6 +3,12 @@ infill objective; CPU-bounded (--minutes), checkpointed to OUT/state.pt and resu
 candidate exported to OUT/model. It replaces nothing: whether it ships is for `llada-lab eval-infill
 --model OUT/model` (no loss on the held-out infill split, sign test) and `eval-next-edit --model` to say.
 The examples and the loss are training/edit_tune.py.
+
+With --edit-tokens it teaches the model LLaDA2.2's DELETE and INSERT instead (issue 43): two tokens
+added to the tokenizer and the vocabulary, a LLaDA2.2 config (block routing with every expert
+admitted, the edit ids), the drafts the server gives such a model (no gap; rewrites too), labelled
+round by round with the report's LCS labels (training/edit_tokens.py), mixed with the same infill
+objective.
 """
 
 from __future__ import annotations
@@ -51,6 +57,20 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
         default=0,
         help="this many more cases cut from the infill corpus's training files (edit_pairs.synthetic_case)",
     )
+    ap.add_argument(
+        "--edit-tokens",
+        action="store_true",
+        help="add DELETE and INSERT and train them (LLaDA2.2 editing) instead of the gap at the cursor",
+    )
+    ap.add_argument(
+        "--no-rewrites", action="store_true", help="with --edit-tokens: no rewrite examples made from the cases"
+    )
+    ap.add_argument(
+        "--edit-row-boost",
+        type=float,
+        default=10.0,
+        help="with --edit-tokens: the learning rate of the edit tokens' new rows, times the rest's",
+    )
     ap.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=27)
@@ -71,6 +91,8 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    if args.edit_tokens:
+        return tune_edit_tokens(args)
     source = args.init_from or EMBEDDED_MODEL
     tok = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
     codec = TextCodec.from_tokenizer(tok)
@@ -160,6 +182,117 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
                     + " ".join(f"{k} {v:.3f}" for k, v in stats.items()),
                     flush=True,
                 )
+            if step % args.save_every == 0:
+                save()
+    except KeyboardInterrupt:
+        pass
+    save()
+    print(f"stopped at step {step} after {elapsed() / 60:.1f} min; candidate {args.out / 'model'}", flush=True)
+    return 0
+
+
+def tune_edit_tokens(args: argparse.Namespace) -> int:
+    """--edit-tokens: the model with DELETE and INSERT (a run folder's own, or the source's new rows),
+    trained on LCS-labelled rounds of next edits and rewrites mixed with the infill objective."""
+    from transformers import AutoTokenizer
+
+    from llada_lsp.completion.codec import TextCodec
+    from llada_lsp.model import EMBEDDED_MODEL, load_model
+
+    from ..training import corpus
+    from ..training.checkpoint import RunState, adamw
+    from ..training.edit_pairs import read_jsonl_gz, synthetic_cases
+    from ..training.edit_tokens import (
+        EditIds,
+        RowBoost,
+        edit_token_batch,
+        edit_token_loss,
+        make_example,
+        next_edit_pair,
+        rewrite_pair,
+        with_edit_tokens,
+    )
+    from ..training.objective import block_diffusion_loss, training_mask
+    from ..training.train import Batches, export, update
+
+    source = args.init_from or EMBEDDED_MODEL
+    tok = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    warm = load_model(source, device="cpu", dtype=torch.float32)
+    if warm.config.edit_ids is None:
+        model, tok, ids = with_edit_tokens(warm, tok)
+    else:  # already has them (a candidate tuned further): train it as it is
+        from llada_lsp.model import LLaDA2
+
+        model = LLaDA2(warm.config)
+        model.load_state_dict(warm.state_dict())
+        delete, insert = warm.config.edit_ids
+        ids = EditIds(delete, insert, warm.config.mask_token_id)
+    del warm
+    codec = TextCodec.from_tokenizer(tok)
+    config = model.config
+    seq_len, block = config.max_position_embeddings, config.block_size
+    eos = codec.special.eos
+    cases = list(read_jsonl_gz(args.cases))
+    train_files = corpus.iter_files("train")
+    if args.synthetic:
+        cases += synthetic_cases([(f.path, f.text) for f in train_files], args.synthetic, args.seed + 1)
+    makers = [next_edit_pair] + ([] if args.no_rewrites else [rewrite_pair])
+    examples = [make_example(*pair, ids, eos, block) for c in cases for make in makers
+                if (pair := make(c, codec, seq_len, 1024, block)) is not None]  # fmt: skip
+    editing = sum(e.edits > 0 for e in examples)
+    print(f"{len(examples)} edit-token examples of {len(cases)} cases ({editing} with edits, "
+          f"{sum(e.edits for e in examples)} editing rounds)", flush=True)  # fmt: skip
+    params, opt = adamw(model, args.lr)
+    args.out.mkdir(parents=True, exist_ok=True)
+    state = RunState(args.out / "state.pt", model, opt)
+    saved = state.resume()
+    step, log = saved.get("step", 0), saved.get("log", [])
+    if saved:
+        print(f"resumed at step {step} ({state.spent / 60:.1f} min spent)", flush=True)
+    rng = random.Random(args.seed * 1_000_003 + step)
+    gen = torch.Generator().manual_seed(args.seed * 7919 + step)
+    texts = [f.text for f in train_files]
+    infill = iter(Batches(texts, tok, args.seed * 1_000_003 + step, args.infill_batch, seq_len)) \
+        if args.infill_batch else None  # fmt: skip
+    allow = training_mask(seq_len, block)
+    budget = args.minutes * 60
+    elapsed = state.elapsed
+    # Half of the edit examples drawn from those that edit: most blocks of any example only keep.
+    edited = [e for e in examples if e.edits] or examples
+    new_rows = [model.model.word_embeddings.weight, model.lm_head.weight]
+
+    def save() -> None:
+        state.save(step=step, log=log, args={k: str(v) for k, v in vars(args).items()})
+        export(model, tok, args.out / "model")
+
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    model.train()
+    try:
+        while elapsed() < budget and not stop["now"]:
+            lr = (
+                args.lr
+                * min(1.0, (step + 1) / 10)
+                * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed() / budget))))
+            )
+            for group in opt.param_groups:
+                group["lr"] = lr
+            half = args.edit_batch // 2
+            chosen = rng.sample(edited, min(half, len(edited))) + rng.sample(examples, args.edit_batch - half)
+            x, noisy, labels, w = edit_token_batch(chosen, seq_len, args.keep_weight, eos, rng)
+            loss, stats = edit_token_loss(model, x, noisy, labels, w, allow, ids)
+            if infill is not None:
+                infill_loss, infill_stats = block_diffusion_loss(model, next(infill), ids.mask, block, 0.15, 0.1,
+                                                                 allow, gen)  # fmt: skip
+                loss = loss + infill_loss
+                stats["infill_acc"] = infill_stats["mask_acc"]
+            with RowBoost(new_rows, [ids.delete, ids.insert], args.edit_row_boost):
+                update(model, opt, params, loss)
+            step += 1
+            log.append({"step": step, "loss": loss.item(), **stats})
+            if step % 5 == 0:
+                print(f"step {step} {elapsed() / 60:.1f} min loss {loss.item():.3f} "
+                      + " ".join(f"{k} {v:.3f}" for k, v in stats.items()), flush=True)  # fmt: skip
             if step % args.save_every == 0:
                 save()
     except KeyboardInterrupt:
