@@ -54,11 +54,12 @@ def _reference_guesses(logits, mask_id, renormalised: bool):
 
 
 def _cpu_guesses(logits: torch.Tensor, mask_id: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`step_guesses` in three passes over the logits and no copy of them when they are float32 or
-    float64 already: a max (with its first index) over the whole row gives the logsumexp's shift and,
-    wherever the mask is not the row's first maximum, the answer; only rows whose first maximum is the
-    mask (a host read: cheap on the CPU) are searched again without it. The denominator is torch's own
-    logsumexp, step for step (amax, shift, exp, sum, log, add), so the confidence is bit-identical."""
+    """`step_guesses` in four passes over the logits (a max, the shift, the exponentials in place,
+    their sum) and no copy of them when they are float32 or float64 already: the max over the whole row
+    (with its first index) gives the logsumexp's shift and, wherever the mask is not the row's first
+    maximum, the answer; only rows whose first maximum is the mask (a host read: cheap on the CPU) are
+    searched again without it. The denominator is torch's own logsumexp, step for step (amax, shift,
+    exp, sum, log, add), so the confidence is bit-identical to the reference's."""
     wide = torch.promote_types(logits.dtype, torch.float32)
     logits = logits if logits.dtype == wide else logits.to(wide)
     top, token = first_max(logits)  # [...]: NaN where the row holds one, the mask included
