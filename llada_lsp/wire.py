@@ -25,8 +25,8 @@ from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 import msgpack
 
 # 2: done's `steps` became `step` (done is the last draft); 3: status's family, decoding, family_line;
-# 4: infill's `context`, `context_share` and `warm`, rewrite's `context` and `context_share` (snippets of other
-# files: a version-3 service would refuse the fields)
+# 4: infill's `context`, `context_share` and `warm`, rewrite's and next_edit's `context` and `context_share`
+# (snippets of other files: a version-3 service would refuse the fields)
 VERSION = 4
 MAX_FRAME = 16 * 2**20  # a 2 MB document's window is far smaller; anything this big is a broken peer
 MAX_ITEMS = 256  # entries in any map or list of a frame
@@ -122,8 +122,9 @@ class RewriteAsk:
     context_tokens: int
     instruction: str | None = None
     python: bool = False  # parse-checked with ast; other languages are held to their brackets and quotes
-    context: list[dict[str, str]] | None = None  # as infill's: snippets of other files, and their share
-    context_share: int | None = None
+    # As infill's: snippets of other files, and their share (by name only: `drafts` follows positionally)
+    context: list[dict[str, str]] | None = field(default=None, kw_only=True)
+    context_share: int | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,8 @@ class NextEdit(Message):
     last_new: str | None = None
     drafts: bool = False  # send a `draft` frame per denoising step, with empty text (progress only)
     cursor: int | None = None  # the cursor's offset in `window`: where the draft leaves room to insert
+    context: list[dict[str, str]] | None = None  # as infill's: snippets of other files, and their share
+    context_share: int | None = None
 
 
 @dataclass(frozen=True)

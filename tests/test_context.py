@@ -14,9 +14,11 @@ import pytest
 
 from llada_lsp import wire
 from llada_lsp.completion import context as ctx
+from llada_lsp.completion import next_edit
 from llada_lsp.completion.context import Snippet, choose, python_imports, render_snippets, windows
 from llada_lsp.completion.history import History
 from llada_lsp.completion.jobs import Infill, Rewrite, from_wire, to_wire
+from llada_lsp.completion.next_edit import NextEdit, next_edit_prompt
 from llada_lsp.completion.prompt import TextCodec, infill_prompt, rewrite_prompt
 from llada_lsp.model import EMBEDDED_MODEL, load_tokenizer
 from llada_lsp.server.context import MAX_FILE_BYTES, PAUSE_SECONDS, ContextFiles
@@ -246,3 +248,20 @@ def test_choose_at_is_what_the_front_chooses_with():
     chosen = files.choose_now(doc, len(doc.text), [doc, geometry], History(), 100)
     assert chosen == ctx.choose_at(files.candidates(doc, [doc, geometry], History()), doc.text, len(doc.text), 100)
     assert ctx.lines_around("a\nb\nc\nd\n", 4, 1, 0) == "b\nc\n"
+
+
+def test_a_next_edit_carries_the_snippets_first_and_keeps_its_history_and_window(codec):
+    window = "    return rectangle_area(width, height)\n"
+    history = ("@@ -1 +1 @@\n-def total(w, h):\n+def total(width, height):\n",)
+    job = NextEdit(MAIN[:40], window, "\n", history, None, 1024, True, context=(Snippet("pkg/geometry.py", GEOMETRY),),
+                   context_share=25)  # fmt: skip
+    back = next_edit.from_wire(wire.decode(wire.encode(next_edit.to_wire(job, 4, "n", False))[4:]))
+    assert back == job
+    plain = next_edit_prompt(back.history, back.before, back.window, back.after, codec, 512, 1024)
+    p = next_edit_prompt(back.history, back.before, back.window, back.after, codec, 512, 1024,
+                         context=back.context, context_share=back.context_share)  # fmt: skip
+    start = codec.encode(render_snippets(p.prompt.context))
+    assert p.prompt.context and p.prompt.ids[: len(start)] == start and p.prompt.ids[len(start) :] == plain.prompt.ids
+    eos = codec.special.eos  # the draft is the same window; only the room after it rounds to another block end
+    assert p.init_ids[: p.init_ids.index(eos)] == plain.init_ids[: plain.init_ids.index(eos)]
+    assert len(p.prompt.ids) + p.gen_length <= 512 and p.history == plain.history

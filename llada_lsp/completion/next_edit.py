@@ -17,9 +17,11 @@ from dataclasses import dataclass
 
 from .. import wire
 from ..errors import Refused
+from . import context as snippets
 from .codec import TextCodec, without_surrogates
+from .context import Snippet
 from .generation import Draft, Flag, GenerationRequest, LoadedModel, Result, check_request
-from .jobs import Outcome, trimmed
+from .jobs import MAX_CONTEXT_SHARE, Outcome, trimmed
 from .jobs import window as cut
 from .pipeline import Plan, _keep_line_ends
 from .postprocess import bound_rewrite, strip_special, unfence
@@ -113,7 +115,8 @@ def history_text(history: tuple[str, ...] | list[str]) -> str:
 
 def next_edit_prompt(history: tuple[str, ...] | list[str], before: str, window: str, after: str, codec: TextCodec,
                      max_positions: int, context_tokens: int, block_size: int = 32,
-                     cursor: int | None = None, edits: bool = False) -> NextEditPrompt:  # fmt: skip
+                     cursor: int | None = None, edits: bool = False, context: tuple[Snippet, ...] = (),
+                     context_share: int = 0) -> NextEditPrompt:  # fmt: skip
     """The prompt of a next edit, for serving and for training alike (a pure function).
 
     `history`: the recent edits as `edit_diff` texts, oldest first (an empty one: no history, the
@@ -135,7 +138,10 @@ def next_edit_prompt(history: tuple[str, ...] | list[str], before: str, window: 
     `edits`: the model edits a draft in place (LLaDA2.2's INSERT and DELETE): a word inserted at the
     cursor costs one INSERT and shifts the rest, so the draft has no gap (`cursor` is not used); the
     room after the window stays, end-of-text that a shift pushes out of the last block (whose length
-    the rule keeps) instead of the window's end."""
+    the rule keeps) instead of the window's end.
+
+    `context`: snippets of other files, which start the prompt within `context_share` percent of its
+    budget (infill_prompt), as a completion's do."""
     window_ids = draft_ids(window, None if edits else cursor, codec)
     gen_length = len(window_ids) + grow_room(len(window_ids))
     min_prompt = min(64, max_positions // 4)
@@ -155,15 +161,16 @@ def next_edit_prompt(history: tuple[str, ...] | list[str], before: str, window: 
     before, after = trimmed(before, after, budget * CHARS_PER_TOKEN)
     if codec.special.has_fim:
         history_ids = codec.encode(edits)
-        prompt = infill_prompt(before, after, codec, budget - len(history_ids))
+        prompt = infill_prompt(before, after, codec, budget - len(history_ids), context=context,
+                               context_share=context_share)  # fmt: skip
         middle = prompt.ids.index(codec.special.fim_middle) + 1
         prompt = InfillPrompt(prompt.ids[:middle] + history_ids + prompt.ids[middle:], prompt.prefix,
-                              prompt.suffix, prompt.layout)  # fmt: skip
+                              prompt.suffix, prompt.layout, prompt.context)  # fmt: skip
     else:
         task = ((f"The user made these edits, oldest first:\n```diff\n{edits}```\n" if edits else "")
                 + f"The code at <HOLE> is now:\n```\n{window}\n```\nRewrite it with the edit the user is most "
                 "likely to make next (keep it as it is if none). Answer with the code only, no explanation.")  # fmt: skip
-        prompt = infill_prompt(before, after, codec, budget, task)
+        prompt = infill_prompt(before, after, codec, budget, task, context, context_share)
     P = len(prompt.ids)
     gen_length = min(gen_length + (-(P + gen_length)) % block_size, max_positions - P)
     init_ids = window_ids + [codec.special.eos] * (gen_length - len(window_ids))
@@ -317,6 +324,8 @@ class NextEdit:
     python: bool = False
     mode: str = MODE
     cursor: int | None = None  # the cursor's offset in `window` (the draft's gap: draft_ids)
+    context: tuple[Snippet, ...] = ()  # snippets of other files (completion/context.py), and their share
+    context_share: int = 0
 
     @classmethod
     def at(cls, text: str, cursor: int, history: tuple[str, ...], last: tuple[int, str, str] | None,
@@ -338,7 +347,9 @@ def to_wire(job: NextEdit, request_id: int, key: str, drafts: bool) -> wire.Next
     last = job.last
     return wire.NextEdit(request_id, key, s(job.before), s(job.window), s(job.after), [s(h) for h in job.history],
                          job.mode, job.context_tokens, job.python, last.start if last else None,
-                         s(last.old) if last else None, s(last.new) if last else None, drafts, job.cursor)  # fmt: skip
+                         s(last.old) if last else None, s(last.new) if last else None, drafts, job.cursor,
+                         [{"path": s(c.path), "text": s(c.text)} for c in job.context] or None,
+                         job.context_share if job.context else None)  # fmt: skip
 
 
 def from_wire(request: wire.NextEdit) -> NextEdit:
@@ -346,7 +357,8 @@ def from_wire(request: wire.NextEdit) -> NextEdit:
     if request.last_start is not None:
         last = LastEdit(request.last_start, request.last_old or "", request.last_new or "")
     return NextEdit(request.before, request.window, request.after, tuple(request.history), last,
-                    request.context_tokens, request.python, request.mode, request.cursor)  # fmt: skip
+                    request.context_tokens, request.python, request.mode, request.cursor,
+                    snippets.from_wire(request.context), min(max(request.context_share or 0, 0), MAX_CONTEXT_SHARE))  # fmt: skip
 
 
 def fit_window(window: str, codec: TextCodec, max_tokens: int) -> tuple[str, str, str]:
@@ -394,7 +406,7 @@ class NextEditPlan(Plan):
         self.prompt = next_edit_prompt(job.history, job.before + self.head, self.inner, self.tail + job.after, codec,
                                        model.max_positions, job.context_tokens, model.block_size,
                                        cursor if cursor is not None and 0 <= cursor <= len(self.inner) else None,
-                                       self.edits)  # fmt: skip
+                                       self.edits, job.context, job.context_share)  # fmt: skip
         self.gap = gap_span(self.prompt.init_ids, codec)
         self.started = time.perf_counter()
         self.request = check_request(GenerationRequest(

@@ -9,6 +9,7 @@ Knows pygls, lsprotocol and jobs as plain values; the pipeline is completion/nex
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,12 @@ async def suggest(ls: LladaServer, uri: str, version: int, position: types.Posit
                              is_python(doc.language, uri))  # fmt: skip
     if not job.window.strip():  # nothing to revise: a model would only write new code there
         return None
+    # The completions' set where they chose one (their prompts' first blocks, cached), else one chosen here.
+    on = ls.settings.context_files and ls.settings.context_files_share
+    context = ls.context.current(uri) if on else ()
+    context = ls.context_for(doc, offset) if context is None else context
+    if context:
+        job = dataclasses.replace(job, context=context, context_share=ls.settings.context_files_share)
     outcome = await ls.run_job(next_edit_key(uri), f"next-edit {ls.protocol.msg_id}", job)
     now = ls.documents.get(uri)
     if now is None or now.version != version:  # typed on meanwhile: never an edit against changed text

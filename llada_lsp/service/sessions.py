@@ -339,8 +339,8 @@ class EngineService:
         if isinstance(job, Infill) and job.draft is not None and not self.revises:
             job = replace(job, draft=None, typed=0)  # the backend starts from masks: a cold start, said in welcome
         label = f"{request.type} {session.name}:{request.id}"
-        if isinstance(request, wire.Infill) and request.context:  # the snippets' paths, never their text
-            logger.debug("%s%s: context %s", label, " (warm)" if request.warm else "",
+        if request.context:  # the snippets' paths, never their text
+            logger.debug("%s%s: context %s", label, " (warm)" if getattr(request, "warm", None) else "",
                          printable(", ".join(entry["path"] for entry in request.context)))  # fmt: skip
         planner = next_edit.NextEditPlan if ours else make_plan
         plan = lambda model, ticket: planner(model, job, ticket)  # noqa: E731 - run on the backend
@@ -371,7 +371,7 @@ class EngineService:
             return f"unknown mode {request.mode!r}; this engine has {', '.join(self.modes)}"
         if request.context_tokens < 1 or (isinstance(request, wire.Infill) and request.max_tokens < 1):
             return "max_tokens and context_tokens must be positive"
-        if not isinstance(request, wire.NextEdit) and (problem := context.wire_problem(request.context)):
+        if problem := context.wire_problem(request.context):
             return problem
         return None
 
