@@ -163,7 +163,10 @@ async def test_two_editors_of_one_service_never_see_each_others_documents(tmp_pa
             text = f"from {name}.{name}_only import *\n\n\nvalue = rectangle_area(width, height) + open_connection("
             doc = editor.client.did_open((ws / name / "main.py").as_uri(), text)
             await editor.complete(doc, len(text))
-            at = {"textDocument": {"uri": doc.uri, "version": doc.version}, "position": position(doc, 0, editor.client.encoding)}
+            at = {
+                "textDocument": {"uri": doc.uri, "version": doc.version},
+                "position": position(doc, 0, editor.client.encoding),
+            }
             await editor.client.request("llada/nextEdit", at, TIMEOUT)  # its job carries the snippets too
         sent: dict[str, set[str]] = {}  # per connection, the paths of the snippets its requests carried
         said = re.findall(r"(infill|next_edit) llada-lsp#(\d+):\d+(?: \(warm\))?: context (.*)", Path(log).read_text())
