@@ -265,3 +265,26 @@ def test_a_next_edit_carries_the_snippets_first_and_keeps_its_history_and_window
     eos = codec.special.eos  # the draft is the same window; only the room after it rounds to another block end
     assert p.init_ids[: p.init_ids.index(eos)] == plain.init_ids[: plain.init_ids.index(eos)]
     assert len(p.prompt.ids) + p.gen_length <= 512 and p.history == plain.history
+
+
+class Never:
+    def is_set(self) -> bool:
+        return False
+
+
+def test_the_engine_gets_the_snippets_first_and_a_warm_job_stops_after_its_prefill(one_torch_thread):
+    from llada_lsp.backends.native import load
+    from llada_lsp.completion.generation import ModelSpec
+    from llada_lsp.completion.pipeline import InfillPlan
+
+    model = load(ModelSpec(None, threads=1), lambda *_: None)
+    snippets = (Snippet("pkg/geometry.py", GEOMETRY),)
+    job = dataclasses.replace(Infill.at(MAIN, len(MAIN), "speed"), context=snippets, context_share=25)
+    plan = InfillPlan(model, job, Never())
+    start = model.codec.encode(render_snippets(snippets))
+    assert plan.request.prompt_ids[: len(start)] == start
+    assert len(plan.request.prompt_ids) + plan.request.gen_length <= model.max_positions
+    warm = InfillPlan(model, dataclasses.replace(job, warm=True), Never())
+    assert warm.request.prompt_ids == plan.request.prompt_ids and warm.request.priority > plan.request.priority
+    outcome = warm.run(model, lambda *_: None)
+    assert outcome.steps == 1 and outcome.stopped == "unit"

@@ -168,12 +168,19 @@ async def test_two_editors_of_one_service_never_see_each_others_documents(tmp_pa
                 "position": position(doc, 0, editor.client.encoding),
             }
             await editor.client.request("llada/nextEdit", at, TIMEOUT)  # its job carries the snippets too
+        # a chunk sent while alpha's user is idle changes its set: the service prefills the new one
+        chunk = "def rectangle_area_scaled(width, height, scale):\n    return rectangle_area(width, height) * scale\n"
+        editors[0][2].client.notify("llada/context", {"text": chunk, "uri": (tmp_path / "alpha" / "tools.py").as_uri()})
+        deadline = time.monotonic() + TIMEOUT
+        while "(warm): context" not in Path(log).read_text():
+            assert time.monotonic() < deadline, Path(log).read_text()
+            await asyncio.sleep(0.1)
         sent: dict[str, set[str]] = {}  # per connection, the paths of the snippets its requests carried
         said = re.findall(r"(infill|next_edit) llada-lsp#(\d+):\d+(?: \(warm\))?: context (.*)", Path(log).read_text())
         for kind, connection, paths in said:
             sent.setdefault(connection, set()).update(paths.split(", "))
         assert {kind for kind, _, _ in said} == {"infill", "next_edit"}, said
-        assert sorted(map(sorted, sent.values())) == [["alpha/alpha_only.py"], ["beta/beta_only.py"]], sent
+        assert sorted(map(sorted, sent.values())) == [["alpha/alpha_only.py", "tools.py"], ["beta/beta_only.py"]], sent
     finally:
         for _, _, editor in editors:
             assert await editor.client.shutdown() == 0
