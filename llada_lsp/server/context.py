@@ -90,13 +90,7 @@ class ContextFiles:
     def label(self, uri: str) -> str:
         """How the prompt names a document: its path in the workspace, else its file name."""
         path = path_of(uri)
-        if path is None:
-            return uri.rsplit("/", 1)[-1] or uri
-        real = Path(os.path.realpath(path))
-        for root in self.roots:
-            if real.is_relative_to(root):
-                return real.relative_to(root).as_posix()
-        return real.name
+        return self._relative(Path(os.path.realpath(path))) if path else uri.rsplit("/", 1)[-1] or uri
 
     def candidates(self, doc: Document, documents: Iterable[Document], history: History) -> list[Snippet]:
         """Every snippet that could be chosen for `doc`: the client's chunks, newest first; the other
@@ -142,6 +136,7 @@ class ContextFiles:
         return any(real.is_relative_to(root) for root in self.roots)
 
     def _relative(self, real: Path) -> str:
+        """A real path as the prompt names it: in its workspace folder, else by its file name alone."""
         for root in self.roots:
             if real.is_relative_to(root):
                 return real.relative_to(root).as_posix()
