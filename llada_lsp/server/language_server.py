@@ -377,7 +377,7 @@ class LladaServer(LanguageServer):
         job = dataclasses.replace(job, context=chosen, context_share=s.context_files_share, warm=True)
         try:
             await self.completer.run(warm_key(uri), f"warm {uri}", job, None)
-        except (CompletionFailed, asyncio.CancelledError):
+        except CompletionFailed:
             pass  # a prefill that did not happen costs the next keystroke its blocks, nothing else
 
     # --- model jobs -----------------------------------------------------------------------------
