@@ -10,7 +10,7 @@ import asyncio
 
 from lsprotocol import types
 
-from llada_lsp.server.completers import next_edit_key, rewrite_key
+from llada_lsp.server.completers import next_edit_key, rewrite_key, warm_key
 from llada_lsp.server.language_server import Launch, LladaServer
 from llada_lsp.server.positions import UTF16
 
@@ -70,7 +70,8 @@ def test_a_whole_text_change_forgets_the_edits_whose_offsets_it_voided():
 
 def test_closing_forgets_the_documents_text_edits_and_suggestion_and_cancels_its_jobs():
     """Reopened, a document starts afresh: no edit history from before (its offsets are of a text the
-    client may have changed on disk) and no suggestion to revise; its completion and next edit stop."""
+    client may have changed on disk) and no suggestion to revise; its completion, next edit and idle
+    prefill stop."""
     ls = initialized()
     ls.completer = keys = Keys()
     for uri in (URI, OTHER):
@@ -81,7 +82,7 @@ def test_closing_forgets_the_documents_text_edits_and_suggestion_and_cancels_its
     assert ls.documents.get(URI) is None and ls.documents.history.edits(URI) == []
     opened(ls, URI, TEXT[:-1] + "r\n")
     assert ls.documents.suggestions.revision(URI, TEXT[:-1] + "r \n", len(TEXT) + 1) is None
-    assert keys.cancelled == [URI, next_edit_key(URI)] and rewrite_key(URI) not in keys.cancelled
+    assert keys.cancelled == [URI, next_edit_key(URI), warm_key(URI)] and rewrite_key(URI) not in keys.cancelled
     # The other document keeps all of it.
     assert ls.documents.get(OTHER) is not None and ls.documents.history.edits(OTHER)
     assert ls.documents.suggestions.revision(OTHER, TEXT[:-1] + "r \n", len(TEXT) + 1) is not None
