@@ -45,8 +45,9 @@ class SelectionTooLong(Refused):
 def infill_prompt(before: str, after: str, codec: TextCodec, budget: int, instruction: str | None = None,
                   context: tuple[Snippet, ...] = (), context_share: int = 0) -> InfillPrompt:  # fmt: skip
     """`before`/`after`: the document text before and after the cursor. At most `budget` ids, of which
-    the snippets of other files (`context`, most alike first) take at most `context_share` percent:
-    whole snippets, the least alike left out first; they start the prompt (see `_Layout`)."""
+    the snippets of other files (`context`, most alike first) take at most `context_share` percent
+    (`context_ids`: the most alike whole, the first that does not fit cut to its first lines); they
+    start the prompt (see `_Layout`)."""
     layout = _Layout(codec, instruction, context_ids(context, codec, budget * context_share // 100,
                                                      codec.special.has_fim and instruction is None))  # fmt: skip
     room = budget - layout.overhead
