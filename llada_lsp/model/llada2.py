@@ -314,8 +314,8 @@ class Experts(nn.Module):
         return kernels.moe(x, expert_ids, weights, self.w_gate, self.w_up, self.w_down)
 
     def linear(self, x: torch.Tensor, name: str, e: int) -> torch.Tensor:
-        """x [n, in] through expert e's `name` matrix -> [n, out]."""
-        return x @ getattr(self, name)[e].T
+        """x [n, in] through expert e's `name` matrix -> [n, out] (F.linear: the same matmul in one op)."""
+        return F.linear(x, getattr(self, name)[e])
 
 
 class FP8Experts(Experts):
