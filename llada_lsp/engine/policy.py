@@ -31,7 +31,8 @@ def guesses(logits: torch.Tensor, mask_id: int | torch.Tensor) -> tuple[torch.Te
 
 
 def _guesses(logits, mask_id, renormalised: bool):
-    if not renormalised and logits.device.type == "cpu" and logits.dim() > 1:
+    # torch.compile traces the reference: the CPU rule's host read would break the step's one graph
+    if not renormalised and logits.device.type == "cpu" and logits.dim() > 1 and not torch.compiler.is_compiling():
         return _cpu_guesses(logits, mask_id)
     return _reference_guesses(logits, mask_id, renormalised)
 
