@@ -115,31 +115,28 @@ class Floor:
 
 class StepRecorder:
     """Hooks on the model that note each forward's StepShape (its keys from the engine's view, the
-    routed experts from each router's choice); removed by `close`."""
+    routed experts from each router's choice), adding no op to the timed step; removed by `close`."""
 
     def __init__(self, model: LLaDA2):
-        self.shapes: list[StepShape] = []
-        self._routed: list[tuple[int, ...]] = []
-        self._pending: tuple[int, int, int, int] | None = None
-        E = model.config.num_experts
-        self.hooks = [model.register_forward_pre_hook(self._start, with_kwargs=True),
-                      model.register_forward_hook(self._end)]  # fmt: skip
+        self.E = model.config.num_experts
+        # per forward: (B, T, S, R) and each MoE layer's expert ids, counted after the timed steps
+        self._raw: list[tuple[tuple[int, int, int, int], list[torch.Tensor]]] = []
+        self.hooks = [model.register_forward_pre_hook(self._start, with_kwargs=True)]
         for layer in model.model.layers:
             if hasattr(layer.mlp, "gate"):
-                self.hooks.append(layer.mlp.gate.register_forward_hook(
-                    lambda m, i, out: self._routed.append(tuple(torch.bincount(out[0].flatten(), minlength=E).tolist()))
-                ))  # fmt: skip
+                self.hooks.append(layer.mlp.gate.register_forward_hook(lambda m, i, out: self._raw[-1][1].append(out[0])))
 
     def _start(self, model, args, kwargs) -> None:
         B, T = args[0].shape
         kv, last_n = kwargs.get("kv"), kwargs.get("last_n")
         S = kv.reads.shape[1] if kv is not None and getattr(kv, "reads", None) is not None else T
-        self._pending, self._routed = (B, T, S, T if last_n is None else last_n), []
+        self._raw.append(((B, T, S, T if last_n is None else last_n), []))
 
-    def _end(self, model, args, out) -> None:
-        B, T, S, R = self._pending
-        if R:  # a prefill (last_n=0) is no denoising step
-            self.shapes.append(StepShape(B, T, S, R, tuple(self._routed)))
+    @property
+    def shapes(self) -> list[StepShape]:
+        """The denoising forwards' shapes (a prefill, last_n=0, is no denoising step)."""
+        return [StepShape(*dims, tuple(tuple(torch.bincount(ids.flatten(), minlength=self.E).tolist()) for ids in routed))
+                for dims, routed in self._raw if dims[3]]  # fmt: skip
 
     def close(self) -> None:
         for hook in self.hooks:
@@ -171,9 +168,10 @@ def time_steps(engine: Engine, settings, reps: int, floor: Floor, keep) -> Timed
                 t = now
         finally:
             recorder.close()
-        if gen.result.prefill_forwards or len(ms) != len(recorder.shapes):
+        shapes = recorder.shapes
+        if gen.result.prefill_forwards or len(ms) != len(shapes):
             raise RuntimeError("a timed generation ran a prefill: the prompt's blocks were not cached")
-        for step_ms, shape in zip(ms, recorder.shapes):
+        for step_ms, shape in zip(ms, shapes):
             if keep(shape):
                 timed.ms.append(step_ms)
                 timed.floor.append(floor.ms(shape))
