@@ -238,6 +238,7 @@ def floor_main(argv: list[str]) -> int:
         report.table(table, caption + ". The floor: the step's own GEMMs (per layer the fused QKV projection, the "
                      "attention's scores and weighted sum, the output projection, the router, each routed expert at "
                      "the tokens it took, the shared expert or dense MLP; the lm_head over the decided rows) alone, "
-                     "on preallocated operands of the same shapes.")  # fmt: skip
+                     "each on the model's own weights, with activations and outputs made beforehand at the "
+                     "step's shapes. Figures measured while other work shared the machine are noisy.")  # fmt: skip
         report.write(args.markdown)
     return 0
