@@ -85,6 +85,9 @@ def test_the_command_runs_the_real_servers(tmp_path: Path, service: bool):
     rows = {tuple(line.split()[:3]) for line in done.stdout.splitlines()}
     assert ("cross-file", "all", "4") in rows and ("single-file", "all", "2") in rows
     assert re.search(r"cross-file: context on right where off is wrong on \d+ tasks", done.stdout)
+    assert re.search(
+        r"cross-file: the answer's first line uses the name with context on \d+ times, off \d+", done.stdout
+    )
     assert "contextFiles on vs off" in md.read_text()
     chosen = re.search(r"cross-file, context on: snippets chosen for (\d+) of 4 tasks; .* for (\d+)", done.stdout)
     assert chosen and int(chosen[1]) == 4 and int(chosen[2]) == 4, (

@@ -251,6 +251,13 @@ def report(splits: dict[str, list[CrossFileTask]], answers: dict[str, dict[str, 
                       f"{sign_test(only_on, only_off):.3g}", f"{percentile(s_on, 0.5) * 1000:.0f}",
                       f"{percentile(s_off, 0.5) * 1000:.0f}", f"{percentile(s_on, 0.95) * 1000:.0f}",
                       f"{percentile(s_off, 0.95) * 1000:.0f}")  # fmt: skip
+            if kind == "all" and split == "cross-file":  # a softer score than exact match: is the name used at all?
+                used_on, used_off = ([t.name in first_line(a.texts[i]) for i, t in enumerate(tasks)] for a in (on, off))
+                name_on = sum(used_on[i] and not used_off[i] for i in idx)
+                name_off = sum(used_off[i] and not used_on[i] for i in idx)
+                notes.append(f"{split}: the answer's first line uses the name with context on {sum(used_on)} times, "
+                             f"off {sum(used_off)}; only on {name_on}, only off {name_off} "
+                             f"(sign test p = {sign_test(name_on, name_off):.3g})")  # fmt: skip
             if kind == "all":
                 with_snippets = sum(on.chosen[i] > 0 for i in idx)
                 shown = sum(on.name_shown[i] for i in idx)
