@@ -248,18 +248,10 @@ def group_by_package(*corpora: list[SourceFile]) -> dict[str, list[SourceFile]]:
 # ---- training samples: related files of one package before the hole --------------------------------
 
 
-def lines_around(text: str, offset: int, before: int, after: int) -> str:
-    """The cursor's line with up to `before` whole lines above it and `after` below (line ends kept),
-    as the server's front cuts the text it ranks snippets against (server/context.py)."""
-    head = text[:offset].split("\n")
-    tail = text[offset:].split("\n")
-    return "\n".join(head[-before - 1 :]) + "\n".join(tail[: after + 1]) + ("\n" if len(tail) > after + 1 else "")
-
-
 class CrossFileSamples:
     """Endless training sequences, one hole each: the package's related files (the modules the file
     imports, sometimes one more file of the package beside them) chosen and rendered into the prompt
-    by the server's own functions (completion/context.py `windows`, `choose`; completion/prompt.py
+    by the server's own functions (completion/context.py `windows`, `choose_at`; completion/prompt.py
     `infill_prompt`), then the middle and end-of-text to the sequence's end, as a generation's room
     ends. Half the holes are cross-file ones (`_candidates`: the answer uses a name only the snippets'
     modules define), half the usual infill kinds, so the model also learns to leave snippets unused.
@@ -298,10 +290,9 @@ class CrossFileSamples:
         return cut_hole(f.text, kind, self.rng)
 
     def sample(self) -> list[int]:
-        from llada_lsp.completion.context import choose, windows
+        from llada_lsp.completion.context import choose_at, windows
         from llada_lsp.completion.jobs import CONTEXT_TOKENS
         from llada_lsp.completion.prompt import infill_prompt
-        from llada_lsp.server.context import AROUND_LINES, CHARS_PER_TOKEN, WINDOW_LINES  # the front's own sizes
 
         while True:
             f, imported, candidates, package = self.rng.choice(self.files)
@@ -313,13 +304,8 @@ class CrossFileSamples:
             if self.rng.random() < 0.3:  # an open file that has nothing to do with the hole
                 sources.append(self.rng.choice(package))
             pool = [w for g in sources if g.path != f.path for w in self._windows(g, windows)]
-            text, cursor = prefix + suffix, len(prefix)
-            around, window = (
-                lines_around(text, cursor, *AROUND_LINES),
-                lines_around(text, cursor, WINDOW_LINES, WINDOW_LINES),
-            )
             share = self.rng.choice(self.shares)  # the chooser's budget, as the front sizes it for the setting
-            snippets = choose(pool, around, window, CONTEXT_TOKENS * share // 100 * CHARS_PER_TOKEN)
+            snippets = choose_at(pool, prefix + suffix, len(prefix), CONTEXT_TOKENS * share // 100)
             gen = 64 if not prefix.split("\n")[-1].strip() else 32
             prompt = infill_prompt(prefix, suffix, self.codec, self.seq_len - gen, context=snippets,
                                    context_share=share)  # fmt: skip
