@@ -17,8 +17,9 @@ PARTS = ROOT / "docs" / "results"
 OUT = ROOT / "docs" / "results.md"
 
 # The order a reader meets them in: what an editor user feels first, then serving, quality, the GPU.
-ORDER = ["bench_lsp", "bench_lsp_cold", "eval_typing", "bench_serve", "soak", "eval_infill", "eval_rewrite", "eval_next_edit",
-         "bench_cpu", "bench_load", "fp8", "gpu", "training"]  # fmt: skip
+ORDER = ["bench_lsp", "bench_lsp_cold", "eval_typing", "bench_serve", "soak", "eval_infill", "eval_cross_file",
+         "eval_rewrite", "eval_next_edit", "edit_tokens", "bench_cpu_floor", "bench_cpu", "bench_load", "fp8", "gpu",
+         "training"]  # fmt: skip
 
 INTRO = """# Results
 
