@@ -279,6 +279,8 @@ def eval_cross_file_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1234, help="which tasks are cut (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=1, help="each server's model threads (default: %(default)s)")
     ap.add_argument("--model", default=None, help="model folder (default: the embedded model)")
+    ap.add_argument("--context-share", type=int, default=None,
+                    help="contextFilesShare for the 'on' server, percent of the prompt (default: the server's)")  # fmt: skip
     ap.add_argument("--engine-service", action="store_true",
                     help="each server's model in its own engine service, to read its prefix-cache hit rate")  # fmt: skip
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CACHE,
@@ -302,7 +304,9 @@ def eval_cross_file_main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="llada-cross-file-") as tmp:
         workspace = Workspace(Path(tmp) / "workspace", packages)
         engines, commands = {}, {}
-        for name, options in CONFIGS.items():
+        share = {} if args.context_share is None else {"contextFilesShare": args.context_share}
+        for name, options in ((name, {**options, **share} if options["contextFiles"] else options)
+                              for name, options in CONFIGS.items()):  # fmt: skip
             engine = "local"
             if args.engine_service:
                 engine = f"unix:{Path(tmp) / name}.sock"
@@ -312,7 +316,8 @@ def eval_cross_file_main(argv: list[str] | None = None) -> int:
                                *model], options)  # fmt: skip
         answers, rates = asyncio.run(run_all(commands, splits, workspace, texts, engines))
     counts = ", ".join(f"{split} {len(tasks)}" for split, tasks in splits.items())
-    caption = (f"Cross-file infill through the real server (stdio), contextFiles on vs off: model "
+    caption = ("Cross-file infill through the real server (stdio), contextFiles on vs off"
+               + (f" (contextFilesShare {args.context_share})" if args.context_share is not None else "") + ": model "
                f"{args.model or 'embedded'}, seed {args.seed}, tasks {counts}, server threads {args.threads}, "
                f"{time.time() - started:.0f} s")  # fmt: skip
     table, notes = report(splits, answers)
