@@ -3,13 +3,13 @@ beside the shipped model, and next edits from `llada-lab eval-next-edit --save` 
 server's own code), each with its sign test, and the verdict of the issue's rule.
 
 Infill: the same held-out tasks (training/eval_infill.py) answered by both models in each mode;
-the candidate must not lose: in no mode does the shipped model get the first line right on
-significantly more tasks (two-sided sign test, p < 0.05, pooled over the task kinds). Next edits:
+the candidate must not lose: in no mode does the shipped model get the first line right, or the
+file to parse, on significantly more tasks (two-sided sign test, p < 0.05, pooled over the task kinds). Next edits:
 the candidate must make more exact edits than the shipped model, significantly (same test).
 
     llada-lab eval-next-edit --model runs/edit_tokens/model --configs shipped,fine-tuned --save runs/edit_tokens/next_edit.json
     python llada_lab/scripts/eval_edit_tokens.py --model runs/edit_tokens/model --next-edit runs/edit_tokens/next_edit.json \\
-        --markdown docs/results/edit_tokens.md
+        --note runs/edit_tokens/note.md --markdown docs/results/edit_tokens.md
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from llada_lab.commands.eval_next_edit import table as next_edit_table
-from llada_lab.training.eval_infill import TASK_KINDS, answer, make_tasks, paired, sign_test
+from llada_lab.training.eval_infill import TASK_KINDS, answer, make_tasks, paired, sign_test, syntax_ok
 from llada_lab.training.eval_next_edit import paired_exact
 from llada_lsp.backends.native import load as load_model
 from llada_lsp.completion.generation import ModelSpec
@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="speed,quality", help="infill decoding presets, comma-separated")
     ap.add_argument("--seed", type=int, default=1234, help="which infill tasks are cut")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--note", default="", help="a paragraph written above the tables (what the fine-tune did)")
+    ap.add_argument("--note", type=Path, default=None,
+                    help="a file whose text is written above the tables (what the fine-tune did)")  # fmt: skip
     add_markdown_argument(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -68,18 +69,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{name} {mode}: {time.time() - started:.0f}s]", file=sys.stderr, flush=True)
     infill_lines, infill_ok = [], True
     for mode in modes:
-        wins = losses = 0
+        wins = losses = parse_wins = parse_losses = 0
         for kind in TASK_KINDS:
             ts = [t for t in tasks if t.kind == kind]
-            a, b, p = paired(ts, answers["candidate", mode, kind], answers["shipped", mode, kind])
+            ours, theirs = answers["candidate", mode, kind], answers["shipped", mode, kind]
+            a, b, p = paired(ts, ours, theirs)
             wins, losses = wins + a, losses + b
+            parse_wins += sum(syntax_ok(t, x) and not syntax_ok(t, y) for t, x, y in zip(ts, ours, theirs))
+            parse_losses += sum(syntax_ok(t, y) and not syntax_ok(t, x) for t, x, y in zip(ts, ours, theirs))
             infill_lines.append(f"{mode}, {kind}: first line right only with the candidate {a}, only with the "
                                 f"shipped model {b} (sign test p = {p:.3g})")  # fmt: skip
-        p = sign_test(wins, losses)
-        lost = losses > wins and p < SIGNIFICANT
-        infill_ok &= not lost
-        infill_lines.append(f"{mode}, all kinds: only the candidate {wins}, only the shipped model {losses} "
-                            f"(sign test p = {p:.3g}): {'loses' if lost else 'does not lose'}")  # fmt: skip
+        # Either score significantly worse is a loss: a first line as often right in code that no longer
+        # parses is no gain an editor would feel.
+        for what, a, b in (("first line right", wins, losses), ("syntax-valid", parse_wins, parse_losses)):
+            p = sign_test(a, b)
+            lost = b > a and p < SIGNIFICANT
+            infill_ok &= not lost
+            infill_lines.append(f"{mode}, all kinds, {what}: only the candidate {a}, only the shipped model {b} "
+                                f"(sign test p = {p:.3g}): {'loses' if lost else 'does not lose'}")  # fmt: skip
 
     rows, names = saved["rows"], saved["names"]
     next_edit = next_edit_table(
@@ -97,11 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         report = Report("The embedded model's edit tokens (issue 43)")
         if args.note:
-            report.note(args.note)
+            report.note(args.note.read_text().strip())
         report.table(infill, caption + " TPF: the completion's tokens per forward.")
         report.note("\n".join(f"- {line}" for line in infill_lines))
-        report.table(next_edit, f"`llada-lab eval-next-edit` on the held-out cases ({len(saved['cases'])}), "
-                     f"through the real server ({args.next_edit.name}).")  # fmt: skip
+        report.table(next_edit, f"Next edits on the {len(saved['cases'])} held-out cases through the real server, "
+                     f"read from `llada-lab eval-next-edit --model {args.model} --configs shipped,fine-tuned --save "
+                     f"{args.next_edit}` (run just before, same checkout and machine). EM: exact match of the "
+                     "changed region.")  # fmt: skip
         report.note(f"- {edit_line}\n\n{verdict}")
         report.write(args.markdown)
     return 0
