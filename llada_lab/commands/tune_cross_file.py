@@ -10,9 +10,7 @@ The samples are training/cross_file.py (CrossFileSamples).
 from __future__ import annotations
 
 import argparse
-import math
 import random
-import signal
 from pathlib import Path
 
 import torch
@@ -40,7 +38,7 @@ def tune_cross_file_main(argv: list[str] | None = None) -> int:
     from llada_lsp.completion.codec import TextCodec
     from llada_lsp.model import EMBEDDED_MODEL, LLaDA2, load_model
 
-    from ..training.checkpoint import RunState, adamw
+    from ..training.checkpoint import RunState, adamw, train_for
     from ..training.corpus import SPLIT_FILES, load
     from ..training.cross_file import CrossFileSamples, group_by_package
     from ..training.objective import block_diffusion_loss, training_mask
@@ -76,34 +74,18 @@ def tune_cross_file_main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(args.seed * 7919 + step)
     random.seed(seed)
     allow = training_mask(seq_len, block)
-    budget, elapsed = args.minutes * 60, state.elapsed
 
-    def save() -> None:
+    def save(step: int) -> None:
         state.save(step=step, log=log, args={k: str(v) for k, v in vars(args).items()})
         export(model, tok, args.out / "model")
 
-    stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
-    model.train()
-    try:
-        while elapsed() < budget and not stop["now"]:
-            lr = args.lr * min(1.0, (step + 1) / 10) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed() / budget))))  # fmt: skip
-            for group in opt.param_groups:
-                group["lr"] = lr
-            loss, stats = block_diffusion_loss(model, torch.tensor(next(cross)), mask_id, block, 0.15, 0.1, allow, gen)
-            infill_loss, infill_stats = block_diffusion_loss(model, next(infill), mask_id, block, 0.15, 0.1, allow, gen)
-            loss = loss + infill_loss
-            update(model, opt, params, loss)
-            step += 1
-            log.append({"step": step, "loss": loss.item(), "cross_acc": stats["mask_acc"],
-                        "infill_acc": infill_stats["mask_acc"]})  # fmt: skip
-            if step % 5 == 0:
-                print(f"step {step} {elapsed() / 60:.1f} min loss {loss.item():.3f} cross_acc {stats['mask_acc']:.3f} "
-                      f"infill_acc {infill_stats['mask_acc']:.3f}", flush=True)  # fmt: skip
-            if step % args.save_every == 0:
-                save()
-    except KeyboardInterrupt:
-        pass
-    save()
-    print(f"stopped at step {step} after {elapsed() / 60:.1f} min; candidate {args.out / 'model'}", flush=True)
+    def one_step():
+        loss, stats = block_diffusion_loss(model, torch.tensor(next(cross)), mask_id, block, 0.15, 0.1, allow, gen)
+        infill_loss, infill_stats = block_diffusion_loss(model, next(infill), mask_id, block, 0.15, 0.1, allow, gen)
+        loss = loss + infill_loss
+        update(model, opt, params, loss)
+        return loss, {"cross_acc": stats["mask_acc"], "infill_acc": infill_stats["mask_acc"]}
+
+    train_for(state, args.minutes, args.lr, step, log, one_step, save, args.save_every)
+    print(f"candidate {args.out / 'model'}", flush=True)
     return 0

@@ -14,9 +14,7 @@ objective.
 from __future__ import annotations
 
 import argparse
-import math
 import random
-import signal
 from pathlib import Path
 
 import torch
@@ -83,7 +81,7 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
     from llada_lsp.model import EMBEDDED_MODEL, LLaDA2, load_model
 
     from ..training import corpus
-    from ..training.checkpoint import RunState, adamw
+    from ..training.checkpoint import RunState, adamw, train_for
     from ..training.edit_pairs import read_jsonl_gz, synthetic_cases
     from ..training.edit_tune import edit_batch, edit_loss, served_example
     from ..training.objective import block_diffusion_loss, training_mask
@@ -138,56 +136,24 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
         else None
     )
     allow = training_mask(seq_len, block)
-    budget = args.minutes * 60
-    elapsed = state.elapsed
 
-    def save() -> None:
+    def save(step: int) -> None:
         state.save(step=step, log=log, args={k: str(v) for k, v in vars(args).items()})
         export(model, tok, args.out / "model")
 
-    stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
-    model.train()
-    try:
-        while elapsed() < budget and not stop["now"]:
-            lr = (
-                args.lr
-                * min(1.0, (step + 1) / 10)
-                * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed() / budget))))
-            )
-            for group in opt.param_groups:
-                group["lr"] = lr
-            x, noisy, w = edit_batch(
-                rng.sample(examples, min(args.edit_batch, len(examples))),
-                seq_len,
-                block,
-                mask_id,
-                eos_id,
-                args.keep_weight,
-                rng,
-            )
-            loss, stats = edit_loss(model, x, noisy, w, allow)
-            if infill is not None:
-                infill_loss, infill_stats = block_diffusion_loss(
-                    model, next(infill), mask_id, block, 0.15, 0.1, allow, gen
-                )
-                loss = loss + infill_loss
-                stats["infill_acc"] = infill_stats["mask_acc"]
-            update(model, opt, params, loss)
-            step += 1
-            log.append({"step": step, "loss": loss.item(), **stats})
-            if step % 5 == 0:
-                print(
-                    f"step {step} {elapsed() / 60:.1f} min loss {loss.item():.3f} "
-                    + " ".join(f"{k} {v:.3f}" for k, v in stats.items()),
-                    flush=True,
-                )
-            if step % args.save_every == 0:
-                save()
-    except KeyboardInterrupt:
-        pass
-    save()
-    print(f"stopped at step {step} after {elapsed() / 60:.1f} min; candidate {args.out / 'model'}", flush=True)
+    def one_step():
+        x, noisy, w = edit_batch(rng.sample(examples, min(args.edit_batch, len(examples))), seq_len, block, mask_id,
+                                 eos_id, args.keep_weight, rng)  # fmt: skip
+        loss, stats = edit_loss(model, x, noisy, w, allow)
+        if infill is not None:
+            infill_loss, infill_stats = block_diffusion_loss(model, next(infill), mask_id, block, 0.15, 0.1, allow, gen)
+            loss = loss + infill_loss
+            stats["infill_acc"] = infill_stats["mask_acc"]
+        update(model, opt, params, loss)
+        return loss, stats
+
+    train_for(state, args.minutes, args.lr, step, log, one_step, save, args.save_every)
+    print(f"candidate {args.out / 'model'}", flush=True)
     return 0
 
 
@@ -200,7 +166,7 @@ def tune_edit_tokens(args: argparse.Namespace) -> int:
     from llada_lsp.model import EMBEDDED_MODEL, load_model
 
     from ..training import corpus
-    from ..training.checkpoint import RunState, adamw
+    from ..training.checkpoint import RunState, adamw, train_for
     from ..training.edit_pairs import read_jsonl_gz, synthetic_cases
     from ..training.edit_tokens import (
         EditIds,
@@ -255,48 +221,28 @@ def tune_edit_tokens(args: argparse.Namespace) -> int:
     infill = iter(Batches(texts, tok, args.seed * 1_000_003 + step, args.infill_batch, seq_len)) \
         if args.infill_batch else None  # fmt: skip
     allow = training_mask(seq_len, block)
-    budget = args.minutes * 60
-    elapsed = state.elapsed
     # Half of the edit examples drawn from those that edit: most blocks of any example only keep.
     edited = [e for e in examples if e.edits] or examples
     new_rows = [model.model.word_embeddings.weight, model.lm_head.weight]
 
-    def save() -> None:
+    def save(step: int) -> None:
         state.save(step=step, log=log, args={k: str(v) for k, v in vars(args).items()})
         export(model, tok, args.out / "model")
 
-    stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
-    model.train()
-    try:
-        while elapsed() < budget and not stop["now"]:
-            lr = (
-                args.lr
-                * min(1.0, (step + 1) / 10)
-                * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed() / budget))))
-            )
-            for group in opt.param_groups:
-                group["lr"] = lr
-            half = args.edit_batch // 2
-            chosen = rng.sample(edited, min(half, len(edited))) + rng.sample(examples, args.edit_batch - half)
-            x, noisy, labels, w = edit_token_batch(chosen, seq_len, args.keep_weight, eos, rng)
-            loss, stats = edit_token_loss(model, x, noisy, labels, w, allow, ids)
-            if infill is not None:
-                infill_loss, infill_stats = block_diffusion_loss(model, next(infill), ids.mask, block, 0.15, 0.1,
-                                                                 allow, gen)  # fmt: skip
-                loss = loss + infill_loss
-                stats["infill_acc"] = infill_stats["mask_acc"]
-            with RowBoost(new_rows, [ids.delete, ids.insert], args.edit_row_boost):
-                update(model, opt, params, loss)
-            step += 1
-            log.append({"step": step, "loss": loss.item(), **stats})
-            if step % 5 == 0:
-                print(f"step {step} {elapsed() / 60:.1f} min loss {loss.item():.3f} "
-                      + " ".join(f"{k} {v:.3f}" for k, v in stats.items()), flush=True)  # fmt: skip
-            if step % args.save_every == 0:
-                save()
-    except KeyboardInterrupt:
-        pass
-    save()
-    print(f"stopped at step {step} after {elapsed() / 60:.1f} min; candidate {args.out / 'model'}", flush=True)
+    def one_step():
+        half = args.edit_batch // 2
+        chosen = rng.sample(edited, min(half, len(edited))) + rng.sample(examples, args.edit_batch - half)
+        x, noisy, labels, w = edit_token_batch(chosen, seq_len, args.keep_weight, eos, rng)
+        loss, stats = edit_token_loss(model, x, noisy, labels, w, allow, ids)
+        if infill is not None:
+            infill_loss, infill_stats = block_diffusion_loss(model, next(infill), ids.mask, block, 0.15, 0.1,
+                                                             allow, gen)  # fmt: skip
+            loss = loss + infill_loss
+            stats["infill_acc"] = infill_stats["mask_acc"]
+        with RowBoost(new_rows, [ids.delete, ids.insert], args.edit_row_boost):
+            update(model, opt, params, loss)
+        return loss, stats
+
+    train_for(state, args.minutes, args.lr, step, log, one_step, save, args.save_every)
+    print(f"candidate {args.out / 'model'}", flush=True)
     return 0

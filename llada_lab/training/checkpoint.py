@@ -3,7 +3,10 @@ and the training seconds of every run of the folder added up (a time budget span
 
 from __future__ import annotations
 
+import math
+import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +50,37 @@ class RunState:
         torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "seconds": self.elapsed(),
                     **entries}, tmp)  # fmt: skip
         tmp.replace(self.path)
+
+
+def lr_at(base: float, step: int, spent: float, budget: float) -> float:
+    """10 warm-up steps, then a cosine over the time budget down to a tenth of `base`."""
+    return base * min(1.0, (step + 1) / 10) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, spent / budget))))
+
+
+def train_for(state: RunState, minutes: float, lr: float, step: int, log: list[dict],
+              one_step: Callable[[], tuple[torch.Tensor, dict[str, float]]], save: Callable[[int], None],
+              save_every: int) -> int:  # fmt: skip
+    """A fine-tune's loop: `one_step()` (a batch, its loss and the update -> (loss, stats)) under
+    `lr_at`'s schedule until `minutes` of training time are spent (resumed runs count theirs), SIGTERM or
+    Ctrl-C; a line every 5 steps, `save(step)` every `save_every` and at the end. -> the step reached."""
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    budget = minutes * 60
+    state.model.train()
+    try:
+        while state.elapsed() < budget and not stop["now"]:
+            for group in state.opt.param_groups:
+                group["lr"] = lr_at(lr, step, state.elapsed(), budget)
+            loss, stats = one_step()
+            step += 1
+            log.append({"step": step, "loss": loss.item(), **stats})
+            if step % 5 == 0:
+                print(f"step {step} {state.elapsed() / 60:.1f} min loss {loss.item():.3f} "
+                      + " ".join(f"{k} {v:.3f}" for k, v in stats.items()), flush=True)  # fmt: skip
+            if step % save_every == 0:
+                save(step)
+    except KeyboardInterrupt:
+        pass
+    save(step)
+    print(f"stopped at step {step} after {state.elapsed() / 60:.1f} min", flush=True)
+    return step
