@@ -19,7 +19,7 @@ from .. import wire
 from ..errors import Refused
 from . import context as snippets
 from .codec import TextCodec, without_surrogates
-from .context import Snippet
+from .context import Snippet, line_span
 from .generation import Draft, Flag, GenerationRequest, LoadedModel, Result, check_request
 from .jobs import MAX_CONTEXT_SHARE, Outcome, trimmed
 from .jobs import window as cut
@@ -181,19 +181,7 @@ def edit_window(text: str, cursor: int, lines: int = WINDOW_LINES) -> tuple[int,
     """The str span [start, end) of the window around `cursor`: `lines` whole lines centred on the
     cursor's (clipped to the document), the last one with its line end, widened by up to WIDEN_LINES
     lines each side while it cuts brackets in two (cheap: brackets and quotes, no parser)."""
-    above = lines // 2
-    start = text.rfind("\n", 0, cursor) + 1
-    for _ in range(above):
-        if start == 0:
-            break
-        start = text.rfind("\n", 0, start - 1) + 1
-    end = cursor
-    for _ in range(lines - above):
-        nl = text.find("\n", end)
-        if nl < 0:
-            end = len(text)
-            break
-        end = nl + 1
+    start, end = line_span(text, cursor, lines // 2, lines - lines // 2 - 1)
     for _ in range(WIDEN_LINES):  # up, while the window starts inside brackets opened above it
         if start == 0 or not (Balance.of(text[start:end]).unmatched or _inside_brackets(text, start)):
             break
