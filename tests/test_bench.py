@@ -171,5 +171,5 @@ def test_the_floor_bench_prints_and_publishes_both_cases(capsys, tmp_path, resto
     assert cold[3:5] == ["32", "32"] and int(ahead[4]) > 32  # a draft's forward decides several blocks
     for row in rows:
         step, floor, ratio = float(row[5]), float(row[6]), float(row[7].rstrip("x"))
-        assert 0 < floor and step > 0 and abs(ratio - step / floor) < 0.01
+        assert floor > 0 and step > 0 and abs(ratio - step / floor) < 0.01
     assert table((tmp_path / "floor.md").read_text()) == rows

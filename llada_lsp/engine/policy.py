@@ -85,7 +85,7 @@ def first_max(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     vectorised pass: on the CPU torch's max with indices runs element by element, its amax does not.
     Each chunk's amax, then the first chunk holding the row's max, then the first index inside it."""
     V = x.shape[-1]
-    chunk = next((c for c in (MAX_CHUNK, 64, 32) if V % c == 0 and V > c), None)
+    chunk = next((c for c in (MAX_CHUNK, 64, 32) if V % c == 0 and c < V), None)
     if chunk is None:
         return x.max(-1)
     chunks = x.reshape(*x.shape[:-1], V // chunk, chunk)  # [..., V / chunk, chunk]
