@@ -18,15 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from ..completion import context as chooser
 from ..completion.context import MAX_SNIPPET_CHARS, Snippet, choose_at, line_span, python_imports, windows
 from ..completion.history import History
 from ..completion.syntax import is_python
 from .documents import Document
 
-# The chooser's sizes, as the lab's cross-file samples still import them from here (to go once they import
-# them from completion/context.py, where training may).
-AROUND_LINES, WINDOW_LINES, CHARS_PER_TOKEN = chooser.AROUND_LINES, chooser.WINDOW_LINES, chooser.CHARS_PER_TOKEN
 PAUSE_SECONDS = 1.0  # a request after this long without one chooses the set again
 EDIT_LINES = 6  # lines each side of a recent edit that make its snippet
 MAX_FILE_BYTES = 256 * 1024  # an imported file larger than this is not read
