@@ -13,7 +13,7 @@ from llada_lab.cli import main as lab_main
 
 # Training, corpus building, edit mining, fine-tuning, the evaluations, kernel builds: the lab's.
 RESEARCH = ("train", "corpus", "candidate", "eval-infill", "eval-rewrite", "eval-typing", "edit-pairs",
-            "tune-next-edit", "eval-next-edit", "compile-kernels")  # fmt: skip
+            "tune-next-edit", "tune-cross-file", "eval-next-edit", "compile-kernels")  # fmt: skip
 
 
 def run(package: str, *args: str) -> subprocess.CompletedProcess:
