@@ -33,12 +33,10 @@ def tune_cross_file_main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     shares = tuple(int(s) for s in args.shares.split(",") if s)
 
-    from transformers import AutoTokenizer
-
     from llada_lsp.completion.codec import TextCodec
-    from llada_lsp.model import EMBEDDED_MODEL, LLaDA2, load_model
+    from llada_lsp.model import EMBEDDED_MODEL
 
-    from ..training.checkpoint import RunState, adamw, train_for
+    from ..training.checkpoint import RunState, adamw, load_trainable, train_for
     from ..training.corpus import SPLIT_FILES, load
     from ..training.cross_file import CrossFileSamples, group_by_package
     from ..training.objective import block_diffusion_loss, training_mask
@@ -46,14 +44,9 @@ def tune_cross_file_main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    source = args.init_from or EMBEDDED_MODEL
-    tok = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    model, tok = load_trainable(args.init_from or EMBEDDED_MODEL)
     codec = TextCodec.from_tokenizer(tok)
-    warm = load_model(source, device="cpu", dtype=torch.float32)  # loaded for inference: copy it into a trainable one
-    config = warm.config
-    model = LLaDA2(config)
-    model.load_state_dict(warm.state_dict())
-    del warm
+    config = model.config
     seq_len, block = config.max_position_embeddings, 32
     mask_id = codec.special.mask
     train_files = load(args.corpus / SPLIT_FILES["train"])  # the training split only: no held-out file

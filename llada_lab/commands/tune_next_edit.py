@@ -74,14 +74,12 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=27)
     args = ap.parse_args(argv)
 
-    from transformers import AutoTokenizer
-
     from llada_lsp.completion.codec import TextCodec
     from llada_lsp.completion.next_edit import GAP_TOKENS
-    from llada_lsp.model import EMBEDDED_MODEL, LLaDA2, load_model
+    from llada_lsp.model import EMBEDDED_MODEL
 
     from ..training import corpus
-    from ..training.checkpoint import RunState, adamw, train_for
+    from ..training.checkpoint import load_trainable, start_run, train_for
     from ..training.edit_pairs import read_jsonl_gz, synthetic_cases
     from ..training.edit_tune import edit_batch, edit_loss, served_example
     from ..training.objective import block_diffusion_loss, training_mask
@@ -91,16 +89,11 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     if args.edit_tokens:
         return tune_edit_tokens(args)
-    source = args.init_from or EMBEDDED_MODEL
-    tok = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    model, tok = load_trainable(args.init_from or EMBEDDED_MODEL)
     codec = TextCodec.from_tokenizer(tok)
-    warm = load_model(source, device="cpu", dtype=torch.float32)  # loaded for inference: copy it into a trainable one
-    config = warm.config
-    model = LLaDA2(config)
+    config = model.config
     # The exported model says it fills the gap its drafts leave at the cursor (completion/next_edit.py).
     config.next_edit_gap = GAP_TOKENS
-    model.load_state_dict(warm.state_dict())
-    del warm
     seq_len, block = config.max_position_embeddings, 32
     mask_id, eos_id = codec.special.mask, codec.special.eos
     cases = list(read_jsonl_gz(args.cases))
@@ -120,13 +113,7 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
         f"({sum(e.target == [eos_id if t == mask_id else t for t in e.init] for e in examples)} no-edit)",
         flush=True,
     )
-    params, opt = adamw(model, args.lr)
-    args.out.mkdir(parents=True, exist_ok=True)
-    state = RunState(args.out / "state.pt", model, opt)
-    saved = state.resume()
-    step, log = saved.get("step", 0), saved.get("log", [])
-    if saved:
-        print(f"resumed at step {step} ({state.spent / 60:.1f} min spent)", flush=True)
+    params, opt, state, step, log = start_run(args.out, model, args.lr)
     rng = random.Random(args.seed * 1_000_003 + step)  # resumed runs see new draws, deterministically
     gen = torch.Generator().manual_seed(args.seed * 7919 + step)
     texts = [f.text for f in train_files]
@@ -160,13 +147,12 @@ def tune_next_edit_main(argv: list[str] | None = None) -> int:
 def tune_edit_tokens(args: argparse.Namespace) -> int:
     """--edit-tokens: the model with DELETE and INSERT (a run folder's own, or the source's new rows),
     trained on LCS-labelled rounds of next edits and rewrites mixed with the infill objective."""
-    from transformers import AutoTokenizer
 
     from llada_lsp.completion.codec import TextCodec
-    from llada_lsp.model import EMBEDDED_MODEL, load_model
+    from llada_lsp.model import EMBEDDED_MODEL
 
     from ..training import corpus
-    from ..training.checkpoint import RunState, adamw, train_for
+    from ..training.checkpoint import load_trainable, start_run, train_for
     from ..training.edit_pairs import read_jsonl_gz, synthetic_cases
     from ..training.edit_tokens import (
         EditIds,
@@ -181,19 +167,12 @@ def tune_edit_tokens(args: argparse.Namespace) -> int:
     from ..training.objective import block_diffusion_loss, training_mask
     from ..training.train import Batches, export, update
 
-    source = args.init_from or EMBEDDED_MODEL
-    tok = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
-    warm = load_model(source, device="cpu", dtype=torch.float32)
-    if warm.config.edit_ids is None:
-        model, tok, ids = with_edit_tokens(warm, tok)
+    model, tok = load_trainable(args.init_from or EMBEDDED_MODEL)
+    if model.config.edit_ids is None:
+        model, tok, ids = with_edit_tokens(model, tok)
     else:  # already has them (a candidate tuned further): train it as it is
-        from llada_lsp.model import LLaDA2
-
-        model = LLaDA2(warm.config)
-        model.load_state_dict(warm.state_dict())
-        delete, insert = warm.config.edit_ids
-        ids = EditIds(delete, insert, warm.config.mask_token_id)
-    del warm
+        delete, insert = model.config.edit_ids
+        ids = EditIds(delete, insert, model.config.mask_token_id)
     codec = TextCodec.from_tokenizer(tok)
     config = model.config
     seq_len, block = config.max_position_embeddings, config.block_size
@@ -208,13 +187,7 @@ def tune_edit_tokens(args: argparse.Namespace) -> int:
     editing = sum(e.edits > 0 for e in examples)
     print(f"{len(examples)} edit-token examples of {len(cases)} cases ({editing} with edits, "
           f"{sum(e.edits for e in examples)} editing rounds)", flush=True)  # fmt: skip
-    params, opt = adamw(model, args.lr)
-    args.out.mkdir(parents=True, exist_ok=True)
-    state = RunState(args.out / "state.pt", model, opt)
-    saved = state.resume()
-    step, log = saved.get("step", 0), saved.get("log", [])
-    if saved:
-        print(f"resumed at step {step} ({state.spent / 60:.1f} min spent)", flush=True)
+    params, opt, state, step, log = start_run(args.out, model, args.lr)
     rng = random.Random(args.seed * 1_000_003 + step)
     gen = torch.Generator().manual_seed(args.seed * 7919 + step)
     texts = [f.text for f in train_files]

@@ -13,6 +13,35 @@ from typing import Any
 import torch
 
 
+def load_trainable(source: str | Path) -> tuple[torch.nn.Module, Any]:
+    """(a trainable float32 copy of the model in folder `source`, its tokenizer): `load_model` gives a
+    model for inference (no gradients), so its weights are copied into a fresh LLaDA2 of its config."""
+    from transformers import AutoTokenizer
+
+    from llada_lsp.model import LLaDA2, load_model
+
+    tok = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    loaded = load_model(source, device="cpu", dtype=torch.float32)
+    model = LLaDA2(loaded.config)
+    model.load_state_dict(loaded.state_dict())
+    return model, tok
+
+
+def start_run(
+    out: Path, model: torch.nn.Module, lr: float
+) -> tuple[list[torch.nn.Parameter], torch.optim.AdamW, RunState, int, list[dict]]:
+    """A fine-tune's run folder `out`: AdamW over `model`, resumed from out/state.pt when it is there ->
+    (params, optimizer, state, the step reached, the log so far)."""
+    params, opt = adamw(model, lr)
+    out.mkdir(parents=True, exist_ok=True)
+    state = RunState(out / "state.pt", model, opt)
+    saved = state.resume()
+    step, log = saved.get("step", 0), saved.get("log", [])
+    if saved:
+        print(f"resumed at step {step} ({state.spent / 60:.1f} min spent)", flush=True)
+    return params, opt, state, step, log
+
+
 def adamw(model: torch.nn.Module, lr: float, **options: Any) -> tuple[list[torch.nn.Parameter], torch.optim.AdamW]:
     """The trainable parameters and AdamW over them: weight decay 0.1 on matrices, none on norms and biases."""
     params = [p for p in model.parameters() if p.requires_grad]
