@@ -15,6 +15,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .codec import without_surrogates
+
 SNIPPET_LINES = 24  # a snippet's most lines: a function or two, as Copilot's neighbouring-tab windows
 SNIPPET_STRIDE = 12  # candidate windows start every this many lines (they overlap by half)
 MAX_SNIPPETS = 6  # chosen at most, whatever the budget
@@ -185,8 +187,9 @@ def python_imports(text: str) -> list[tuple[int, str]]:
 
 
 def to_wire(snippets: Iterable[Snippet]) -> list[dict[str, str]]:
-    """A request frame's `context`: path and text only (where a snippet came from stays in the front)."""
-    return [{"path": s.path, "text": s.text} for s in snippets]
+    """A request frame's `context`: path and text only (where a snippet came from stays in the front),
+    lone surrogates as U+FFFD (msgpack sends UTF-8)."""
+    return [{"path": without_surrogates(s.path), "text": without_surrogates(s.text)} for s in snippets]
 
 
 def from_wire(context: list[dict[str, str]] | None) -> tuple[Snippet, ...]:

@@ -105,15 +105,13 @@ def to_wire(job: Job, request_id: int, key: str, drafts: bool) -> wire.Infill | 
     before, after = without_surrogates(job.before), without_surrogates(job.after)
     if isinstance(job, Infill):
         draft = None if job.draft is None else without_surrogates(job.draft)
-        context = [{"path": without_surrogates(s.path), "text": without_surrogates(s.text)} for s in job.context]
+        context = snippets.to_wire(job.context)
         return wire.Infill(request_id, key, before, after, job.mode, job.max_tokens, job.context_tokens, drafts,
                            draft, job.typed if draft is not None else None, context or None,
                            job.context_share if context else None, job.warm or None)  # fmt: skip
-    context = [
-        {"path": without_surrogates(s["path"]), "text": without_surrogates(s["text"])} for s in job.context or ()
-    ]
+    context = job.context or None  # made by completion/context.py: to_wire, surrogates replaced
     ask = dataclasses.replace(job, before=before, selection=without_surrogates(job.selection), after=after,
-                              context=context or None, context_share=job.context_share if context else None)  # fmt: skip
+                              context=context, context_share=job.context_share if context else None)  # fmt: skip
     return wire.Rewrite(**_ask_fields(ask), drafts=drafts, id=request_id, key=key)
 
 

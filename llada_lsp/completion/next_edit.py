@@ -336,7 +336,7 @@ def to_wire(job: NextEdit, request_id: int, key: str, drafts: bool) -> wire.Next
     return wire.NextEdit(request_id, key, s(job.before), s(job.window), s(job.after), [s(h) for h in job.history],
                          job.mode, job.context_tokens, job.python, last.start if last else None,
                          s(last.old) if last else None, s(last.new) if last else None, drafts, job.cursor,
-                         [{"path": s(c.path), "text": s(c.text)} for c in job.context] or None,
+                         snippets.to_wire(job.context) or None,
                          job.context_share if job.context else None)  # fmt: skip
 
 
