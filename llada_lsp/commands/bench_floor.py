@@ -42,8 +42,10 @@ Operand = tuple[int, ...] | torch.Tensor  # a shape (made at random), or the mod
 
 def gemms(model: LLaDA2, shape: StepShape) -> list[tuple[str, tuple[int, ...], Operand]]:
     """The step's matmuls as ("mm" | "bmm", a's shape, b): b is the model's own weight where the step
-    multiplies one (read as the step reads it, so the floor pays the same memory traffic; nn.Linear's
-    transposed view of [out, in]), else the shape [.., out, in] of the attention's keys or values."""
+    multiplies one (read as the step reads it, so the floor pays the same memory traffic: [out, in]'s
+    transpose, which cpu_layout stores contiguous), else the shape [.., out, in] of the attention's keys
+    or values. The routed experts' gate and up count as two GEMMs each, as the arithmetic is, though the
+    step runs them as one grouped GEMM over all experts."""
     c = model.config
     H, D = c.num_attention_heads, c.head_dim
     B, T, S = shape.B, shape.T, shape.S

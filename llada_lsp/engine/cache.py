@@ -276,6 +276,12 @@ def paged_tables(rows: torch.Tensor, width: int, S: int, bs: int, visible: bool)
     return positions, writes.flatten(), reads, allow[:, None], ~pad
 
 
+def gather_slots(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """pool [slots, K, D] at `slots` (any shape) -> [*slots.shape, K, D]: `pool[slots]`, by index_select,
+    which copies whole rows (on the CPU about 4x faster than advanced indexing at a step's 500 keys)."""
+    return pool.index_select(0, slots.flatten()).view(*slots.shape, *pool.shape[1:])
+
+
 class PagedView:
     """Slot tables and the mask of one batched forward: `update(layer, k, v)` writes the queries' K/V
     into their pages and returns each row's keys [0, end) gathered, padded to the longest row.
@@ -293,15 +299,15 @@ class PagedView:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [B, K, T, D] -> every row's visible keys and values [B, K, S, D]."""
         pool_k, pool_v = self._write(layer, k, v)
-        reads = self.tables[pool_k.device][1]
-        return pool_k[reads].transpose(1, 2), pool_v[reads].transpose(1, 2)
+        reads = self.tables[pool_k.device][1]  # [B, S]
+        return gather_slots(pool_k, reads).transpose(1, 2), gather_slots(pool_v, reads).transpose(1, 2)
 
     def update_packed(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [B, K, T, D] -> each row's keys and values [0, end), row after row [sum of ends, K, D]
         (`packed` set: the varlen attention's layout, no padding key read)."""
         pool_k, pool_v = self._write(layer, k, v)
         slots = self.packed.key_slots.to(pool_k.device, non_blocking=True)
-        return pool_k[slots], pool_v[slots]
+        return gather_slots(pool_k, slots), gather_slots(pool_v, slots)
 
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         B, K, T, D = k.shape

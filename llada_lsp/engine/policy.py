@@ -64,15 +64,18 @@ def _cpu_guesses(logits: torch.Tensor, mask_id: int | torch.Tensor) -> tuple[tor
     wide = torch.promote_types(logits.dtype, torch.float32)
     logits = logits if logits.dtype == wide else logits.to(wide)
     top, token = first_max(logits)  # [...]: NaN where the row holds one, the mask included
-    shift = top.masked_fill(top.abs() == float("inf"), 0.0)
+    shift = top.nan_to_num(nan=float("nan"), posinf=0.0, neginf=0.0)  # amax's, where it is finite
     total = torch.sub(logits, shift[..., None]).exp_().sum(-1).log_().add_(shift)  # [...]
     masks = mask_id.view(-1, *[1] * (token.dim() - 1)) if isinstance(mask_id, torch.Tensor) else mask_id
     again = (token == masks).nonzero(as_tuple=True)
-    if again[0].numel():  # the mask is a row's first maximum: its best other id, as the reference finds it
-        rows = logits[again].clone()  # [n, V]
-        ids = masks if isinstance(masks, int) else masks.expand_as(token)[again]
-        rows.scatter_(-1, torch.as_tensor(ids).expand(rows.shape[0]).view(-1, 1), float("-inf"))
-        top[again], token[again] = rows.max(-1)
+    if not again[0].numel():
+        # total is +inf only where top is (+inf - +inf: NaN), NaN where top is: the reference's NaN either way
+        return (top - total).exp(), token
+    # the mask is a row's first maximum: its best other id, as the reference finds it
+    rows = logits[again].clone()  # [n, V]
+    ids = masks if isinstance(masks, int) else masks.expand_as(token)[again]
+    rows.scatter_(-1, torch.as_tensor(ids).expand(rows.shape[0]).view(-1, 1), float("-inf"))
+    top[again], token[again] = rows.max(-1)
     conf = (top - total).exp().masked_fill(total == float("inf"), float("nan"))  # a +inf logit, the mask's too
     return conf, token
 

@@ -19,6 +19,10 @@ from .. import kernels
 from . import fp8
 from .config import LLaDA2Config
 
+# Grouped GEMMs (torch >= 2.8): every expert's tokens by its own weights in one call; on the CPU the
+# sparse MoE's path after cpu_layout.
+GROUPED_MM = getattr(F, "grouped_mm", None)
+
 try:  # optional CUDA fast path, chosen at run time
     from flash_attn import flash_attn_func, flash_attn_varlen_func
 except ImportError:  # pragma: no cover - depends on the machine
@@ -35,9 +39,24 @@ def flash_ok(x: torch.Tensor) -> bool:
     return flash_available(x.device, x.dtype)
 
 
+_COMPUTE = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float32,
+            torch.float64: torch.float64}  # fmt: skip
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Norms, the router and RoPE run in at least float32 (bf16 in, fp32 math; fp64 stays fp64)."""
-    return torch.promote_types(dtype, torch.float32)
+    return _COMPUTE.get(dtype) or torch.promote_types(dtype, torch.float32)
+
+
+def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in `dtype`, with no dispatched op when it is already (a step runs hundreds of small ops)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def additive_mask(allow: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask as the additive one (0 where allowed, -inf elsewhere) that scaled_dot_product_attention
+    makes of it internally, on every call; the same attention, bit for bit (tests/test_engine_cpu_step.py)."""
+    return torch.zeros(allow.shape, dtype=dtype, device=allow.device).masked_fill_(~allow, float("-inf"))
 
 
 def block_causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -104,21 +123,25 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables for half-split rotation of the first `rotary_dim` dims.  # [..., T, rotary_dim]"""
+    """cos/sin tables for half-split rotation of the first `rotary_dim` dims.  # [..., T, rotary_dim]
+    The sin table carries the rotation's sign: its first half is -sin (see apply_rope)."""
     ct = compute_dtype(dtype)
     inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, device=positions.device, dtype=ct) / rotary_dim))
-    angles = positions.to(ct)[..., None] * inv_freq
-    angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    angles = as_dtype(positions, ct)[..., None] * inv_freq
+    sin = angles.sin()
+    return as_dtype(torch.cat([angles, angles], dim=-1).cos(), dtype), as_dtype(torch.cat([-sin, sin], dim=-1), dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, D]; rotates dims [0, r) in half-split pairs (k, k + r/2); the rest pass through."""
+    """Rotates x [B, H, T, D] in place and returns it: dims [0, r) in half-split pairs (k, k + r/2),
+    x1 * cos - x2 * sin and x2 * cos + x1 * sin (rope_cos_sin's sin holds the minus); the rest pass
+    through untouched. x must be a tensor of the caller's own (the normed q and k are)."""
     r = cos.shape[-1]
-    x_rot, x_pass = x[..., :r], x[..., r:]
-    x1, x2 = x_rot[..., : r // 2], x_rot[..., r // 2 :]
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
+    x_rot = x[..., :r]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    swapped = torch.cat([x2, x1], dim=-1)  # a copy, taken before x_rot changes
+    x_rot.mul_(cos).add_(swapped.mul_(sin))
+    return x
 
 
 class Attention(nn.Module):
@@ -131,15 +154,31 @@ class Attention(nn.Module):
         self.key_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.dense = nn.Linear(self.n_head * self.head_dim, config.hidden_size, bias=False)
 
+    _qk_weight: tuple[tuple, torch.Tensor] | None = None
+
+    def qk_norm_weight(self) -> torch.Tensor:
+        """[H + K, D]: the query norm's weight for each query head, then the key norm's for each key
+        head. On the CPU made again only when a weight changed; made in the step elsewhere (a CUDA graph
+        or torch.compile holds it), and wherever a gradient must reach the weights."""
+        wq, wk = self.query_layernorm.weight, self.key_layernorm.weight
+        if (
+            wq.device.type != "cpu"
+            or torch.compiler.is_compiling()
+            or (torch.is_grad_enabled() and (wq.requires_grad or wk.requires_grad))
+        ):
+            return torch.cat([wq.expand(self.n_head, -1), wk.expand(self.n_kv, -1)])
+        key = (wq.data_ptr(), wq._version, wk.data_ptr(), wk._version, wq.dtype, wq.device)
+        if self._qk_weight is None or self._qk_weight[0] != key:
+            self._qk_weight = key, torch.cat([wq.expand(self.n_head, -1), wk.expand(self.n_kv, -1)])
+        return self._qk_weight[1]
+
     def forward(self, x, cos, sin, allow, kv):
         """kv: None, or a view whose `update(layer, k, v)` stores this forward's K/V and returns every
         key and value the queries may see (engine/cache.py's PagedView, or a ContiguousView)."""
         B, T, _ = x.shape
         qkv = self.query_key_value(x).view(B, T, self.n_head + 2 * self.n_kv, self.head_dim)
         # q and k normed (each head by its own norm's weight) and rotated together: half the small ops
-        weight = torch.cat([self.query_layernorm.weight.expand(self.n_head, -1),
-                            self.key_layernorm.weight.expand(self.n_kv, -1)])  # [H + K, D]  # fmt: skip
-        qk = rms_norm(qkv[:, :, : self.n_head + self.n_kv], weight, self.query_layernorm.eps)
+        qk = rms_norm(qkv[:, :, : self.n_head + self.n_kv], self.qk_norm_weight(), self.query_layernorm.eps)
         q, k = apply_rope(qk.transpose(1, 2), cos, sin).split([self.n_head, self.n_kv], dim=1)  # [B, H|K, T, D]
         v = qkv[:, :, self.n_head + self.n_kv :].transpose(1, 2)
         packed = getattr(kv, "packed", None)
@@ -169,7 +208,13 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
 
+    gate_up: torch.Tensor | None = None  # [C, 2I]: both weights' storage after cpu_layout
+
     def forward(self, x, blocks: RoutingBlocks | None = None):  # `blocks`: routing, which a dense layer has none of
+        both = fused_gate_up(self.gate_up, self.gate_proj.weight, self.up_proj.weight)
+        if both is not None:  # one GEMM for gate and up (the same numbers: each output column is its own)
+            gate, up = (x @ both).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -189,8 +234,8 @@ class Router(nn.Module):
         """x [N, C] -> expert ids [N, A], weights [N, A] (x's dtype). `blocks`: LLaDA2.2's block routing,
         each token's block among the forward's (a checkpoint with `expert_capacity` always passes it)."""
         ct = compute_dtype(x.dtype)
-        scores = torch.sigmoid(F.linear(x.to(ct), self.weight.to(ct)))  # [N, E]
-        biased = scores.detach() + self.expert_bias.to(ct)
+        scores = torch.sigmoid(F.linear(as_dtype(x, ct), as_dtype(self.weight, ct)))  # [N, E]
+        biased = (scores.detach() if scores.requires_grad else scores) + as_dtype(self.expert_bias, ct)
         if self.capacity is not None:
             biased = self.admitted_only(biased, blocks)
         else:
@@ -199,7 +244,7 @@ class Router(nn.Module):
         weights = scores.gather(1, expert_ids)
         if self.normalise:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        return expert_ids, (weights * self.scale).to(x.dtype)
+        return expert_ids, as_dtype(weights * self.scale, x.dtype)
 
     def best_groups_only(self, biased: torch.Tensor) -> torch.Tensor:
         """LLaDA2.1: the biased scores [N, E] outside each token's best `topk_group` groups set to -inf."""
@@ -207,8 +252,8 @@ class Router(nn.Module):
         grouped = biased.view(N, self.n_group, E // self.n_group)
         group_score = grouped.topk(min(2, E // self.n_group), dim=-1).values.sum(-1)  # [N, G]
         kept = group_score.topk(self.topk_group, dim=-1).indices
-        group_ok = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, kept, True)
-        return biased.masked_fill(~group_ok.repeat_interleave(E // self.n_group, dim=1), float("-inf"))
+        dropped = torch.ones_like(group_score, dtype=torch.bool).scatter_(1, kept, False)  # [N, G]
+        return grouped.masked_fill(dropped[..., None], float("-inf")).view(N, E)
 
     def admitted_only(self, biased: torch.Tensor, blocks: RoutingBlocks) -> torch.Tensor:
         """LLaDA2.2 (report, eq. 1): an expert's block score is the max of its biased score over the
@@ -261,6 +306,8 @@ class Experts(nn.Module):
         self.w_up = nn.Parameter(torch.empty(n_experts, inner, hidden))  # [E, I, C]
         self.w_down = nn.Parameter(torch.empty(n_experts, hidden, inner))  # [E, C, I]
 
+    gate_up: torch.Tensor | None = None  # [E, C, 2I]: w_gate's and w_up's storage after cpu_layout
+
     # Experts per dense chunk; None: all at once (plain weights are read in place, nothing is copied).
     dense_chunk: int | None = None
 
@@ -293,20 +340,32 @@ class Experts(nn.Module):
         return x
 
     def sparse(self, x, expert_ids, weights):
-        """Tokens grouped by expert, gathered once; one matmul chain per expert that has tokens; then
-        weighted and added back in one op each (the same sums in the same order as adding expert by
-        expert: index_add runs its rows in order). Differentiable: training takes this path too."""
+        """Tokens grouped by expert, gathered once; each expert's SwiGLU on its tokens; then weighted
+        and added back in one op each (the same sums in the same order as adding expert by expert:
+        index_add runs its rows in order). After cpu_layout, in float32 with no gradient to keep: two grouped GEMMs
+        over all experts at once and no host read; else one matmul chain per expert that has tokens
+        (differentiable: training takes it). Both give the same numbers (tests/test_engine_cpu_step.py)."""
         N, A = expert_ids.shape
         flat = expert_ids.flatten()
         order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=self.w_gate.shape[0]).tolist()
         token_of = order // A
-        xs = x[token_of].split(counts)  # each expert's tokens [n, C], in expert order
-        ys = []
-        for e, xe in enumerate(xs):
-            if len(xe):
-                ys.append(self.linear(F.silu(self.linear(xe, "w_gate", e)) * self.linear(xe, "w_up", e), "w_down", e))
-        y = torch.cat(ys) * weights.flatten()[order, None]  # [N * A, C]
+        xs = x.index_select(0, token_of)  # each expert's tokens [n, C], in expert order
+        grouped = GROUPED_MM is not None and x.dtype == torch.float32  # (it takes no float64)
+        both = fused_gate_up(self.gate_up, self.w_gate, self.w_up) if grouped else None
+        if both is not None:
+            ends = torch.bincount(flat, minlength=self.w_gate.shape[0]).cumsum(0).to(torch.int32)
+            gate, up = GROUPED_MM(xs, both, offs=ends).chunk(2, dim=-1)
+            y = GROUPED_MM(F.silu(gate) * up, self.w_down.transpose(1, 2), offs=ends)
+        else:
+            counts = torch.bincount(flat, minlength=self.w_gate.shape[0]).tolist()
+            ys = []
+            for e, xe in enumerate(xs.split(counts)):
+                if len(xe):
+                    ys.append(
+                        self.linear(F.silu(self.linear(xe, "w_gate", e)) * self.linear(xe, "w_up", e), "w_down", e)
+                    )
+            y = torch.cat(ys)
+        y = y * weights.flatten()[order, None]  # [N * A, C]
         return torch.zeros_like(x).index_add(0, token_of, y.to(x.dtype))
 
     def fused(self, x, expert_ids, weights):
@@ -474,6 +533,8 @@ class LLaDA2(nn.Module):
                 keys = torch.arange(start + T, device=input_ids.device) if kv is not None else positions
                 allow = block_causal_mask(positions, keys, block_size)
         # allow is None when every query sees every key it is given (one block, no padding): the fast path.
+        if allow is not None and allow.device.type == "cpu" and not self.hops:
+            allow = additive_mask(allow, self.dtype)  # once, not once per layer inside attention
         blocks = None
         if self.config.block_routing:  # LLaDA2.2: its routing blocks, from absolute positions, padding out
             real = getattr(kv, "real", None) if kv is not None else None
@@ -493,6 +554,43 @@ class LLaDA2(nn.Module):
         if last_n is not None:
             x = x[:, -last_n:]
         return self.lm_head(self.model.norm(x))
+
+
+def cpu_layout(model: LLaDA2) -> None:
+    """Stores the weights as a CPU GEMM reads them fastest, values and shapes unchanged: each matrix
+    [out, in] becomes the transposed view of a contiguous [in, out] one (F.linear then multiplies by a
+    contiguous right-hand side: about a quarter faster here at a step's shapes), and each SwiGLU's gate
+    and up share one [in, 2 * inner] storage (`gate_up`), which its forward multiplies in one GEMM.
+    FP8 experts keep their layout. Saving copies every weight contiguous (loader.save_model)."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, MLP):
+                both = torch.cat([module.gate_proj.weight.T, module.up_proj.weight.T], dim=1)  # [C, 2I]
+                inner = module.gate_proj.weight.shape[0]
+                module.gate_proj.weight.data, module.up_proj.weight.data = both[:, :inner].T, both[:, inner:].T
+                module.gate_up = both
+            elif type(module) is Experts:
+                both = torch.cat([module.w_gate.transpose(1, 2), module.w_up.transpose(1, 2)], dim=2)  # [E, C, 2I]
+                inner = module.w_gate.shape[1]
+                module.w_gate.data = both[:, :, :inner].transpose(1, 2)
+                module.w_up.data = both[:, :, inner:].transpose(1, 2)
+                module.w_down.data = module.w_down.transpose(1, 2).contiguous().transpose(1, 2)
+                module.gate_up = both
+        for module in model.modules():
+            if isinstance(module, nn.Linear) and module.weight.is_contiguous():
+                module.weight.data = module.weight.T.contiguous().T
+
+
+def fused_gate_up(both: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
+    """`both` (cpu_layout's [.., C, 2I]) while it still is the storage of `gate` and `up` (a later
+    `.to()` or load replaces theirs) and no gradient has to reach them; else None (and under
+    torch.compile, which cannot trace the storage check: the separate GEMMs read the same weights)."""
+    if both is None or (torch.is_grad_enabled() and gate.requires_grad) or torch.compiler.is_compiling():
+        return None
+    inner = gate.shape[-2]
+    if gate.data_ptr() != both.data_ptr() or up.data_ptr() != both.data_ptr() + inner * both.element_size():
+        return None
+    return both
 
 
 def hand_off(device: torch.device, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:

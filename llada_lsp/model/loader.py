@@ -25,7 +25,7 @@ from . import fp8
 from .config import LLaDA2Config
 from .family import EDIT_KEYS
 from .files import EMBEDDED_MODEL, SIZE_KEYS, check_sizes, resolve_path, stored_shapes, weight_files  # noqa: F401
-from .llada2 import LLaDA2, compute_dtype
+from .llada2 import LLaDA2, compute_dtype, cpu_layout
 from .plan import LAYER_OF_NAME, MemoryPlan, ModelShape, device_of_slots, fmt_bytes, plan_of, render, slot_of
 
 logger = logging.getLogger("llada_lsp.model")
@@ -291,6 +291,8 @@ def load_model(
                     fmt_bytes(max(file.stat().st_size for file in files)))  # fmt: skip
     model.load_state_dict(weights, assign=True)
     model.eval().requires_grad_(False)
+    if all(t.type == "cpu" for t in targets):
+        cpu_layout(model)
     model.hops = hops_of(plan, targets, config.num_hidden_layers)
     fill_special_ids(model.config, folder)
     return model
