@@ -69,6 +69,7 @@ class BlockCache:
             self.k = [torch.zeros(shape[1:], device=d, dtype=dtype) for d in layer_devices]
             self.v = [torch.zeros(shape[1:], device=d, dtype=dtype) for d in layer_devices]
         self.devices = {self.k.device} if layer_devices is None else {k.device for k in self.k}
+        self.layer_k, self.layer_v = list(self.k), list(self.v)  # each layer's pool [slots, K, D], looked up once
         self.pages = pages
         self._free = list(range(pages - 1, SCRATCH, -1))  # a stack: pop() hands out low pages first
         self.root = Node(SCRATCH, (), None)
@@ -276,12 +277,6 @@ def paged_tables(rows: torch.Tensor, width: int, S: int, bs: int, visible: bool)
     return positions, writes.flatten(), reads, allow[:, None], ~pad
 
 
-def gather_slots(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """pool [slots, K, D] at `slots` (any shape) -> [*slots.shape, K, D]: `pool[slots]`, by index_select,
-    which copies whole rows (on the CPU about 4x faster than advanced indexing at a step's 500 keys)."""
-    return pool.index_select(0, slots.flatten()).view(*slots.shape, *pool.shape[1:])
-
-
 class PagedView:
     """Slot tables and the mask of one batched forward: `update(layer, k, v)` writes the queries' K/V
     into their pages and returns each row's keys [0, end) gathered, padded to the longest row.
@@ -294,24 +289,30 @@ class PagedView:
         self.positions, self.writes, self.reads, self.allow = positions, writes, reads, allow  # [B, T], [B*T], [B, S]
         self.real = real  # [B, T] bool: not left padding (None: no padding)
         # A split model's pool: the slot tables once more on each other device that holds layers.
-        self.tables = {d: (writes.to(d, non_blocking=True), reads.to(d, non_blocking=True)) for d in cache.devices}
+        # The keys are gathered by index_select over the flat slots (on the CPU about 4x faster than
+        # advanced indexing at a step's 500 keys).
+        self.tables = {d: (writes.to(d, non_blocking=True), reads.to(d, non_blocking=True),
+                           reads.flatten().to(d, non_blocking=True)) for d in cache.devices}  # fmt: skip
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [B, K, T, D] -> every row's visible keys and values [B, K, S, D]."""
         pool_k, pool_v = self._write(layer, k, v)
-        reads = self.tables[pool_k.device][1]  # [B, S]
-        return gather_slots(pool_k, reads).transpose(1, 2), gather_slots(pool_v, reads).transpose(1, 2)
+        _, reads, flat = self.tables[pool_k.device]  # [B, S], [B * S]
+        shape = (*reads.shape, *pool_k.shape[1:])
+        return pool_k.index_select(0, flat).view(shape).transpose(1, 2), pool_v.index_select(0, flat).view(
+            shape
+        ).transpose(1, 2)
 
     def update_packed(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [B, K, T, D] -> each row's keys and values [0, end), row after row [sum of ends, K, D]
         (`packed` set: the varlen attention's layout, no padding key read)."""
         pool_k, pool_v = self._write(layer, k, v)
         slots = self.packed.key_slots.to(pool_k.device, non_blocking=True)
-        return gather_slots(pool_k, slots), gather_slots(pool_v, slots)
+        return pool_k.index_select(0, slots), pool_v.index_select(0, slots)
 
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         B, K, T, D = k.shape
-        pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
+        pool_k, pool_v = self.cache.layer_k[layer], self.cache.layer_v[layer]
         writes = self.tables[pool_k.device][0]
         pool_k.index_copy_(0, writes, k.transpose(1, 2).reshape(B * T, K, D))
         pool_v.index_copy_(0, writes, v.transpose(1, 2).reshape(B * T, K, D))

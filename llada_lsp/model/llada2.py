@@ -353,7 +353,7 @@ class Experts(nn.Module):
         grouped = GROUPED_MM is not None and x.dtype == torch.float32  # (it takes no float64)
         both = fused_gate_up(self.gate_up, self.w_gate, self.w_up) if grouped else None
         if both is not None:
-            ends = torch.bincount(flat, minlength=self.w_gate.shape[0]).cumsum(0).to(torch.int32)
+            ends = torch.bincount(flat, minlength=self.w_gate.shape[0]).cumsum(0, dtype=torch.int32)
             gate, up = GROUPED_MM(xs, both, offs=ends).chunk(2, dim=-1)
             y = GROUPED_MM(F.silu(gate) * up, self.w_down.transpose(1, 2), offs=ends)
         else:
@@ -365,8 +365,8 @@ class Experts(nn.Module):
                         self.linear(F.silu(self.linear(xe, "w_gate", e)) * self.linear(xe, "w_up", e), "w_down", e)
                     )
             y = torch.cat(ys)
-        y = y * weights.flatten()[order, None]  # [N * A, C]
-        return torch.zeros_like(x).index_add(0, token_of, y.to(x.dtype))
+        y = y * weights.reshape(N * A, 1).index_select(0, order)  # [N * A, C]
+        return torch.zeros_like(x).index_add_(0, token_of, as_dtype(y, x.dtype))
 
     def fused(self, x, expert_ids, weights):
         """llada_lsp/kernels' fused MoE: grouped GEMMs over the touched experts only (Triton, CUDA)."""
