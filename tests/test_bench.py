@@ -172,4 +172,6 @@ def test_the_floor_bench_prints_and_publishes_both_cases(capsys, tmp_path, resto
     for row in rows:
         step, floor, ratio = float(row[5]), float(row[6]), float(row[7].rstrip("x"))
         assert floor > 0 and step > 0 and abs(ratio - step / floor) < 0.01
+        # ops per step: at least the GEMMs and the attention of 4 layers, far fewer than one per query
+        assert 4 * 4 < float(row[8]) < 2000
     assert table((tmp_path / "floor.md").read_text()) == rows

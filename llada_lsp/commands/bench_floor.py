@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..engine import Engine
 from ..model import LLaDA2, load_model
@@ -184,6 +185,36 @@ def time_steps(engine: Engine, settings, reps: int, floor: Floor, keep) -> Timed
     return timed
 
 
+class OpCounter(TorchDispatchMode):
+    """Counts the ops torch dispatches (views included): what the step pays besides arithmetic."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def ops_per_step(engine: Engine, settings, keep) -> float:
+    """The mean dispatched ops of the steps `keep` takes, over one untimed generation of `settings`
+    (its prompt blocks cached, as in time_steps)."""
+    recorder, counter, counts = StepRecorder(engine.model), OpCounter(), []
+    try:
+        steps = iter(engine.generation(**settings))
+        with counter:
+            while True:
+                before = counter.n
+                if next(steps, None) is None:
+                    break
+                counts.append(counter.n - before)
+    finally:
+        recorder.close()
+    kept = [n for n, shape in zip(counts, recorder.shapes) if keep(shape)]
+    return statistics.mean(kept) if kept else float("nan")
+
+
 def floor_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="llada-lsp bench --floor", description=(
         "The CPU denoising step of a model (default: the embedded one) against its matmul floor: the "
@@ -215,7 +246,7 @@ def floor_main(argv: list[str]) -> int:
     bs = 32
     cases = [("cold block", cold, lambda s: bs == s.R), ("draft checked ahead", ahead, lambda s: bs < s.R)]
     table = Table(["threads", "case", "steps timed", "queries", "decided rows", "step ms p50", "floor ms p50",
-                   "step / floor"])  # fmt: skip
+                   "step / floor", "ops per step"])  # fmt: skip
     caption = (f"{'the embedded model' if args.model is None else args.model}: {c.num_hidden_layers} layers, hidden "
                f"{c.hidden_size}, {c.num_experts} experts top-{c.num_experts_per_tok} + {c.num_shared_experts} shared, "
                f"vocab {c.vocab_size}; CPU, float32, mode speed; cold: a {COLD_PROMPT}-token prompt, 64 tokens; "
@@ -230,12 +261,15 @@ def floor_main(argv: list[str]) -> int:
             torch.set_num_threads(threads)
             floor = Floor(model, args.repeat)
             for name, settings, keep in cases:
-                t = time_steps(Engine(model), settings, args.reps, floor, keep)
+                engine = Engine(model)
+                t = time_steps(engine, settings, args.reps, floor, keep)
                 if not t.ms:
                     raise SystemExit(f"{name}: no step of that kind ran")
                 step, bottom = statistics.median(t.ms), statistics.median(t.floor)
+                ops = ops_per_step(engine, settings, keep)
                 table.add(threads, name, len(t.ms), f"{statistics.mean(t.queries):.0f}",
-                          f"{statistics.mean(t.decided):.0f}", f"{step:.2f}", f"{bottom:.2f}", f"{step / bottom:.2f}x")  # fmt: skip
+                          f"{statistics.mean(t.decided):.0f}", f"{step:.2f}", f"{bottom:.2f}", f"{step / bottom:.2f}x",
+                          f"{ops:.0f}")  # fmt: skip
                 print(table.markdown().splitlines()[-1], flush=True)
     finally:
         torch.set_num_threads(before)
@@ -245,6 +279,8 @@ def floor_main(argv: list[str]) -> int:
                      "attention's scores and weighted sum, the output projection, the router, each routed expert at "
                      "the tokens it took, the shared expert or dense MLP; the lm_head over the decided rows) alone, "
                      "each on the model's own weights, with activations and outputs made beforehand at the "
-                     "step's shapes. Figures measured while other work shared the machine are noisy.")  # fmt: skip
+                     "step's shapes (the weights stored as load_model keeps them on the CPU). Ops per step: the ops "
+                     "torch dispatches in one such step, views included, counted in an untimed generation. Figures "
+                     "measured while other work shared the machine are noisy.")  # fmt: skip
         report.write(args.markdown)
     return 0
