@@ -299,9 +299,8 @@ class PagedView:
         pool_k, pool_v = self._write(layer, k, v)
         _, reads, flat = self.tables[pool_k.device]  # [B, S], [B * S]
         shape = (*reads.shape, *pool_k.shape[1:])
-        return pool_k.index_select(0, flat).view(shape).transpose(1, 2), pool_v.index_select(0, flat).view(
-            shape
-        ).transpose(1, 2)
+        keys, values = pool_k.index_select(0, flat).view(shape), pool_v.index_select(0, flat).view(shape)
+        return keys.transpose(1, 2), values.transpose(1, 2)
 
     def update_packed(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [B, K, T, D] -> each row's keys and values [0, end), row after row [sum of ends, K, D]
