@@ -20,6 +20,7 @@ from llada_lsp.completion.history import History
 from llada_lsp.completion.jobs import Infill, Rewrite, from_wire, to_wire
 from llada_lsp.completion.next_edit import NextEdit, next_edit_prompt
 from llada_lsp.completion.prompt import TextCodec, infill_prompt, rewrite_prompt
+from llada_lsp.completion.prompt import context_ids as ctx_ids
 from llada_lsp.model import EMBEDDED_MODEL, load_tokenizer
 from llada_lsp.server.context import MAX_FILE_BYTES, PAUSE_SECONDS, ContextFiles
 from llada_lsp.server.documents import Document
@@ -80,6 +81,70 @@ def test_python_imports_are_read_from_code_that_does_not_parse():
     found = python_imports(text)
     assert (0, "pkg.util") in found and (1, "sibling") in found and (2, "up") in found and (2, "up.a") in found
     assert (0, "pkg.geo") in found and (0, "pkg.geo.area") in found and (0, "pkg.geo.shape") in found
+
+
+# --- definitions of the names the cursor's code uses ---------------------------------------------------
+SHOP = (
+    '"""Shop models."""\n\n\nclass Basket:\n    def __init__(self, owner):\n        self.owner = owner\n'
+    "        self.items = []\n\n    def add_article(self, article, quantity=1):\n"
+    "        self.items.append((article, quantity))\n\n\nDEFAULT_PRICES = {\n    'apple': 3,\n}\n"
+    + "".join(f"TAX_{i} = {i}\n" for i in range(30))
+    + "".join(f"def gift_{i}(owner, basket, article, label):\n    return label\n\n" for i in range(30))
+    + "def checkout_total(basket):\n"
+    + "".join(f"    step_{i} = {i}\n" for i in range(20))
+    + "    return 0\n"
+)
+CHECKOUT = "from pkg.shop import Basket, checkout_total as total\n\n\ndef checkout(owner, article):  # the customer\n" \
+           "    basket = Basket(owner)\n    label = 'gift wrap'\n    basket."  # fmt: skip
+
+
+def test_the_names_wanted_are_the_nearest_code_names_first_then_the_imported_ones():
+    wanted = ctx.python_wanted(CHECKOUT, len(CHECKOUT))
+    assert wanted[:4] == ["basket", "label", "owner", "Basket"], "nearest the cursor first"
+    assert wanted.index("article") < wanted.index("checkout_total"), "imported names come after the near ones"
+    assert "checkout" not in wanted, "the document's own definitions are not looked for"
+    assert not {"customer", "gift", "wrap", "the", "self"} & set(wanted), "comments, strings, every file's words"
+
+
+def test_a_definition_is_its_line_and_its_block_bounded():
+    defined = ctx.defined_at(SHOP)
+    assert set(defined) >= {"gift_0", "DEFAULT_PRICES", "Basket", "__init__", "add_article", "checkout_total"}
+    assert "items" not in defined and "step_0" not in defined, "only module-level assignments define a name"
+    source = Snippet("pkg/shop.py", SHOP, "shop")
+    basket = ctx.definition(source, defined["Basket"][0])
+    assert basket.text.startswith("class Basket:\n") and basket.text.endswith("quantity))\n")
+    assert basket.line == SHOP[: SHOP.index("class Basket")].count("\n") and basket.origin == "shop"
+    assert ctx.definition(source, defined["DEFAULT_PRICES"][0]).text == "DEFAULT_PRICES = {\n    'apple': 3,\n}\n"
+    assert ctx.definition(source, defined["checkout_total"][0]).text.count("\n") == ctx.DEFINITION_LINES
+    found = ctx.python_definitions([source], CHECKOUT, len(CHECKOUT))
+    assert [s.text.split("\n")[0] for s in found] == ["class Basket:", "def checkout_total(basket):"]
+
+
+def test_a_definition_ranks_ahead_of_windows_a_little_more_alike_but_not_far_more():
+    around = "basket = Basket(owner, article, quantity)"
+    definition = Snippet("shop.py", "class Basket:\n    pass\n", "shop", 40)  # shares 1 of 5 names: 0.2
+    close = Snippet("other.py", "basket(owner)\n", "other")  # 2 of 5: 0.4, within DEFINITION_BONUS... of 0.2
+    far = Snippet("far.py", "basket, Basket, owner, article\n", "far")  # 4 of 5: 0.8
+    assert ctx.DEFINITION_BONUS < 0.4 - 0.2 + ctx.DEFINITION_BONUS < 0.8 - 0.2
+    assert choose([close], around, "", 10_000, first=[definition]) == (close, definition)
+    assert choose([close, far], around, "", 10_000, first=[definition])[0] == far
+
+
+def test_the_definition_of_an_imported_class_beats_code_that_only_looks_alike(workspace: Path):
+    (workspace / "pkg" / "shop.py").write_text(SHOP)
+    files = ContextFiles()
+    files.set_roots([uri(workspace)])
+    doc = Document(uri(workspace / "pkg" / "checkout.py"), 1, CHECKOUT, "python")
+    assert [m.path for m in files.modules(doc, [doc])] == ["pkg/shop.py"]
+    chosen = files.choose_now(doc, len(CHECKOUT), [doc], History(), 200)
+    assert chosen[0].text.startswith("class Basket:\n") and "add_article" in chosen[0].text
+    # the windows alone: the functions at the top look more like the cursor's code, and the class is not in them
+    alike = ctx.choose_at(files.candidates(doc, [doc], History()), CHECKOUT, len(CHECKOUT), 200)
+    assert alike and all("add_article" not in s.text for s in alike)
+    # an open module is read as the editor has it; other languages get no definitions
+    shop = Document(uri(workspace / "pkg" / "shop.py"), 2, SHOP.replace("class Basket", "class Basket(Base)"), "python")
+    assert files.modules(doc, [doc, shop])[0].text == shop.text
+    assert files.modules(Document(uri(workspace / "a.js"), 1, CHECKOUT, "javascript"), [shop]) == []
 
 
 # --- the front's sources ---------------------------------------------------------------------------
@@ -190,6 +255,35 @@ def test_snippets_start_the_prompt_within_their_share_and_the_budget_holds_for_h
     assert infill_prompt("a", "b", codec, 480, context=snippets, context_share=25).context, "a share of 120 fits one"
 
 
+class CountingTokenizer:
+    """The embedded tokenizer, counting the texts it is asked to encode."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.texts = tokenizer, 0
+
+    def __call__(self, texts, **kwargs):
+        self.texts += len(texts) if isinstance(texts, list) else 1
+        return self.tokenizer(texts, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.tokenizer, name)
+
+
+def test_the_snippets_ids_are_fitted_once_per_set_share_and_layout(codec):
+    counting = dataclasses.replace(codec, tokenizer=CountingTokenizer(codec.tokenizer))
+    snippets = (Snippet("pkg/geometry.py", GEOMETRY), Snippet("net.py", NETWORK))
+    ids, kept = ctx_ids(snippets, counting, 60, True)
+    fitted, first = counting.tokenizer.texts, list(ids)
+    assert fitted >= 2 and kept and ids == codec.encode(render_snippets(kept))
+    ids.append(-1)  # a caller's list is its own: the remembered ids stay as they were
+    for _ in range(3):  # typing along the line: the same set, nothing encoded again
+        assert ctx_ids(snippets, counting, 60, True) == (first, kept)
+    assert counting.tokenizer.texts == fitted
+    ctx_ids(snippets, counting, 61, True)  # another cap, or the other layout: fitted anew
+    ctx_ids(snippets, counting, 60, False)
+    assert counting.tokenizer.texts > fitted + 1
+
+
 def test_the_prompts_start_is_the_same_while_typing_on_a_line(codec):
     snippets = (Snippet("pkg/geometry.py", GEOMETRY),)
     start = codec.encode(render_snippets(snippets))
@@ -246,7 +340,9 @@ def test_choose_at_is_what_the_front_chooses_with():
     geometry = Document("file:///geo.py", 1, GEOMETRY)
     files = ContextFiles()
     chosen = files.choose_now(doc, len(doc.text), [doc, geometry], History(), 100)
-    assert chosen == ctx.choose_at(files.candidates(doc, [doc, geometry], History()), doc.text, len(doc.text), 100)
+    candidates, modules = files.candidates(doc, [doc, geometry], History()), files.modules(doc, [doc, geometry])
+    assert chosen == ctx.choose_at(candidates, doc.text, len(doc.text), 100, modules)
+    assert chosen[0].text == GEOMETRY, "the definition's module, whole: it is no longer than one snippet"
     assert ctx.lines_around("a\nb\nc\nd\n", 4, 1, 0) == "b\nc\n"
 
 

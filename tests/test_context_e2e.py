@@ -66,6 +66,11 @@ class Editor:
         return await self.client.result(self.send(doc, offset), TIMEOUT)
 
 
+def paths(line: str) -> list[str]:
+    """The paths of a context log line's snippets (each said as PATH:FIRST-LAST), in its order."""
+    return re.findall(r"([^\s,]+):\d+-\d+", line.rpartition(": ")[2])
+
+
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     ws = tmp_path / "ws"
@@ -85,7 +90,7 @@ async def test_snippets_come_from_imports_and_open_documents_and_stay_within_a_l
         notes = editor.client.did_open((workspace / "notes.py").as_uri(), NETWORK)
         await editor.complete(main, len(MAIN))
         first = editor.context()
-        assert len(first) == 1 and first[0].endswith("at line 6: pkg/geometry.py:1"), editor.logs
+        assert len(first) == 1 and re.search(r"at line 6: pkg/geometry\.py:1-\d+$", first[0]), editor.logs
         # typing on the line: each keystroke asks at once (each supersedes the one before); the words
         # typed are the other document's, yet the set stays until the cursor leaves the line
         requests = []
@@ -96,14 +101,27 @@ async def test_snippets_come_from_imports_and_open_documents_and_stay_within_a_l
         assert editor.context() == first, "the set changed while the user typed within a line"
         editor.client.did_change(main, len(main.text), len(main.text), "\n    conn = open_connection(host, port, ")
         await editor.complete(main, len(main.text))
-        assert re.search(r"at line 7: (notes\.py:1, pkg/geometry\.py:1|pkg/geometry\.py:1, notes\.py:1)$",
-                         editor.context()[-1]), editor.context()  # fmt: skip
+        assert "at line 7: " in editor.context()[-1], editor.context()
+        assert sorted(paths(editor.context()[-1])) == ["notes.py", "pkg/geometry.py"], editor.context()
         # a closed document's text is never used again
         editor.client.did_close(notes)
         editor.client.did_change(main, len(main.text), len(main.text), "timeout)\n    again = open_connection(")
         await editor.complete(main, len(main.text))
-        assert editor.context()[-1].endswith("at line 8: pkg/geometry.py:1"), editor.context()
+        assert "at line 8: " in editor.context()[-1] and paths(editor.context()[-1]) == ["pkg/geometry.py"]
         assert not any("secret" in line or "escape" in line for line in editor.logs), "read outside the workspace"
+        # a workspace folder the client adds later is read from, as the ones it gave at initialize
+        extra = workspace.parent / "extra"
+        (extra / "shapes").mkdir(parents=True)
+        (extra / "shapes" / "circle.py").write_text("def circle_area_of(radius):\n    return 3.14159 * radius**2\n")
+        text = "from shapes.circle import circle_area_of\n\n\ndef disc(radius):\n    return circle_area_of("
+        disc = editor.client.did_open((extra / "disc.py").as_uri(), text)
+        await editor.complete(disc, len(text))
+        assert "shapes/circle.py" not in paths(editor.context()[-1]), "read before it was a workspace folder"
+        added = {"added": [{"uri": extra.as_uri(), "name": "extra"}], "removed": []}
+        editor.client.notify("workspace/didChangeWorkspaceFolders", {"event": added})
+        editor.client.did_change(disc, len(text), len(text), "radius)\n    again = circle_area_of(")
+        await editor.complete(disc, len(disc.text))
+        assert paths(editor.context()[-1])[0] == "shapes/circle.py", editor.context()  # its definition first
     finally:
         assert await editor.client.shutdown() == 0
 
@@ -113,7 +131,7 @@ async def test_client_chunks_idle_prefill_and_the_setting(workspace: Path):
     try:
         main = editor.client.did_open((workspace / "pkg" / "main.py").as_uri(), MAIN + "frobnicate_widget(")
         await editor.complete(main, len(main.text))
-        assert editor.context()[-1].endswith("pkg/geometry.py:1")
+        assert paths(editor.context()[-1]) == ["pkg/geometry.py"], editor.context()
         # a chunk sent while the user is idle: chosen again after the pause and prefilled (said once)
         chunk = "def frobnicate_widget(widget, level):\n    return widget.frobnicate(level)\n"
         editor.client.notify("llada/context", {"text": chunk, "uri": (workspace / "tools.py").as_uri()})
@@ -122,7 +140,7 @@ async def test_client_chunks_idle_prefill_and_the_setting(workspace: Path):
         while not any("(idle)" in line for line in editor.context()):
             assert time.monotonic() < deadline, editor.logs
             await asyncio.sleep(0.1)
-        assert "tools.py:1" in editor.context()[-1]
+        assert "tools.py" in paths(editor.context()[-1]), editor.context()
         assert any("llada/context: a chunk of 9000 characters" in line for line in editor.logs)
         # the next request on that line uses the set chosen in idle time: it is not chosen again
         said = len(editor.context())

@@ -69,14 +69,33 @@ def test_names_in_strings_and_comments_are_not_holes():
     assert make_cross_file_tasks([current], group_by_package([MODELS, current]), 10, seed=1) == []
 
 
+def write_corpus(folder: Path) -> None:
+    for name, files in (("heldout-thirdparty", [CURRENT]), ("train", [MODELS, PRICES])):
+        with gzip.open(folder / f"{name}.jsonl.gz", "wt", encoding="utf-8") as f:
+            for sf in files:
+                f.write(json.dumps({"path": sf.path, "text": sf.text}) + "\n")
+
+
+def test_coverage_runs_the_servers_chooser_without_a_model(tmp_path: Path):
+    """`--coverage`: per kind, how often the answer's name is in the chosen snippets and in the
+    prompt's share of them (columns: n, chosen, in their lines, in the prompt's)."""
+    write_corpus(tmp_path)
+    rows = {}
+    for share in (25, 1):
+        done = subprocess.run([sys.executable, "-m", "llada_lab", "eval-infill", "--cross-file", "--coverage",
+                               "--corpus", str(tmp_path), "--n", "2", "--context-share", str(share)],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        rows[share] = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()[2:]}
+    assert rows[25]["all"] == ["4", "4", "4", "4"], "the imported module's definitions hold every name here"
+    assert rows[1]["all"] == ["4", "0", "0", "0"], "a share too small for any snippet: none chosen"
+
+
 @pytest.mark.parametrize("service", [False, True], ids=["in-process", "engine-service"])
 def test_the_command_runs_the_real_servers(tmp_path: Path, service: bool):
     """On and off with the embedded model over stdio: every task answered by both, the table and the
     sign-test lines printed, the markdown written; with engine services, their prefix-cache hit rates."""
-    for name, files in (("heldout-thirdparty", [CURRENT]), ("train", [MODELS, PRICES])):
-        with gzip.open(tmp_path / f"{name}.jsonl.gz", "wt", encoding="utf-8") as f:
-            for sf in files:
-                f.write(json.dumps({"path": sf.path, "text": sf.text}) + "\n")
+    write_corpus(tmp_path)
     md = tmp_path / "out.md"
     done = subprocess.run([sys.executable, "-m", "llada_lab", "eval-infill", "--cross-file", "--corpus", str(tmp_path),
                            "--n", "2", "--single-file-n", "1", "--markdown", str(md)] + ["--engine-service"] * service,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import sys
@@ -26,7 +27,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llada_lsp.completion.context import SNIPPET_LINES
 from llada_lsp.lsp_client import LspClient, position
 from llada_lsp.report import Report, Table, add_markdown_argument
 from llada_lsp.server.positions import UTF32
@@ -47,6 +47,7 @@ from ..training.eval_infill import cut_to_unit, first_line, make_tasks, sign_tes
 
 _CHOSEN = re.compile(r"^llada: context for (\S+) at line \d+(?: \(idle\))?: (.*)$")  # server/language_server.py's line
 CONFIGS = {"on": {"contextFiles": True}, "off": {"contextFiles": False}}
+BLOCK = 32  # the embedded engine's block: an infill that is not on an empty line generates at most one
 INVOKED = 1  # InlineCompletionTriggerKind.Invoked: the user asked (no debounce in the way)
 
 
@@ -66,12 +67,13 @@ class Server:
     """A server and the snippet set it last said it chose per document (its log line)."""
 
     client: LspClient
-    chosen: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # uri -> [(label, first line)]
+    chosen: dict[str, list[tuple[str, int, int]]] = field(default_factory=dict)  # uri -> [(label, first, end)]
 
     def on_log(self, params: dict) -> None:
         if match := _CHOSEN.match(params.get("message", "")):
             places = [p.rsplit(":", 1) for p in match[2].split(", ")] if match[2] != "none" else []
-            self.chosen[match[1]] = [(label, int(line) - 1) for label, line in places]
+            spans = [(label, *lines.split("-")) for label, lines in places]  # the lines FIRST-LAST, from 1
+            self.chosen[match[1]] = [(label, int(first) - 1, int(last)) for label, first, last in spans]
 
 
 class Workspace:
@@ -143,8 +145,8 @@ async def ask(server: Server, workspace: Workspace, task: CrossFileTask, texts: 
         client.did_close(d)
     chosen = server.chosen.pop(doc.uri, [])
     package = f"pypi/{package_of(task.path)}/"
-    lines = ["".join(texts.get(package + label, "").splitlines(keepends=True)[line : line + SNIPPET_LINES])
-             for label, line in chosen]  # fmt: skip
+    lines = ["".join(texts.get(package + label, "").splitlines(keepends=True)[first:end])
+             for label, first, end in chosen]  # fmt: skip
     answers.texts.append(cut_to_unit(task.kind, text))
     answers.seconds.append(seconds)
     answers.chosen.append(len(chosen))
@@ -269,6 +271,45 @@ def report(splits: dict[str, list[CrossFileTask]], answers: dict[str, dict[str, 
     return table, notes
 
 
+def coverage(tasks: list[CrossFileTask], workspace: Workspace, texts: dict[str, str], model: str | None,
+             share: int) -> Table:  # fmt: skip
+    """`--coverage`: the server's chooser (server/context.py, in this process: no model runs) on each
+    task as `ask` sets it up, and whether the answer's name is in the snippets' lines, and in what the
+    prompt keeps of them (completion/prompt.py `context_ids`: the share of the budget the engine gives
+    an infill of that kind, with `model`'s tokenizer and positions)."""
+    from llada_lsp.backends.base import load_codec
+    from llada_lsp.completion.history import History
+    from llada_lsp.completion.jobs import CONTEXT_TOKENS, MAX_TOKENS
+    from llada_lsp.completion.pipeline import cursor_context
+    from llada_lsp.completion.prompt import context_ids
+    from llada_lsp.model import EMBEDDED_MODEL
+    from llada_lsp.server.context import ContextFiles
+    from llada_lsp.server.documents import Document
+
+    codec = load_codec(model, model or "embedded")
+    config = json.loads((Path(model or EMBEDDED_MODEL) / "config.json").read_text())
+    positions = config["max_position_embeddings"]
+    table = Table(["kind", "n", "snippets chosen", "name in their lines", "name in the prompt's"])
+    for kind in (*CROSS_FILE_KINDS, "all"):
+        picked = [t for t in tasks if kind in ("all", t.kind)]
+        chosen = shown = kept = 0
+        for task in picked:
+            files = ContextFiles()
+            files.set_roots(f["uri"] for f in workspace.folders())
+            opened = [Document(workspace.uri(p), 1, texts[p], "python") for p in task.opened]
+            doc = Document(workspace.uri(task.path), 1, task.prefix + task.suffix, "python")
+            workspace.write(task.path, doc.text)
+            snippets = files.choose_now(doc, len(task.prefix), [*opened, doc], History(), CONTEXT_TOKENS * share // 100)
+            workspace.write(task.path, texts[task.path])
+            gen = MAX_TOKENS if cursor_context(task.prefix, task.suffix).on_empty_line else min(MAX_TOKENS, BLOCK)
+            _, fitted = context_ids(snippets, codec, min(CONTEXT_TOKENS, positions - gen) * share // 100, True)
+            chosen += bool(snippets)
+            shown += any(task.name in s.text for s in snippets)
+            kept += any(task.name in s.text for s in fitted)
+        table.add(kind, len(picked), chosen, shown, kept)
+    return table
+
+
 def eval_cross_file_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="llada-lab eval-infill --cross-file", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cross-file", action="store_true", help="(this evaluation; as `eval-infill` dispatches it)")
@@ -286,6 +327,9 @@ def eval_cross_file_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CACHE,
                     help="the corpus folder: its held-out third-party split is cut, its training split completes "
                          "each package's workspace (default: %(default)s)")  # fmt: skip
+    ap.add_argument("--coverage", action="store_true",
+                    help="no model run: only whether the server's chooser brings the answer's name into the "
+                         "snippets and into the prompt's share of them (seconds, not minutes)")  # fmt: skip
     add_markdown_argument(ap)
     args = ap.parse_args(argv)
     paths = {split: args.corpus / SPLIT_FILES[split] for split in ("heldout-thirdparty", "train")}
@@ -299,6 +343,21 @@ def eval_cross_file_main(argv: list[str] | None = None) -> int:
     if args.single_file_n:
         splits["single-file"] = single_file_tasks(current, packages, args.single_file_n, args.seed)
     texts = {f.path: f.text for files in packages.values() for f in files}
+    if args.coverage:
+        from llada_lsp.server.settings import Settings
+
+        share = Settings().context_files_share if args.context_share is None else args.context_share
+        with tempfile.TemporaryDirectory(prefix="llada-cross-file-") as tmp:
+            workspace = Workspace(Path(tmp) / "workspace", packages)
+            table = coverage(splits["cross-file"], workspace, texts, args.model, share)
+        caption = (f"The chooser on the cross-file tasks (no model run): contextFilesShare {share}, tokenizer and "
+                   f"positions of {args.model or 'the embedded model'}, seed {args.seed}")  # fmt: skip
+        print(caption, table.text(), sep="\n")
+        if args.markdown:
+            out = Report("Context from other files: what the chooser brings")
+            out.table(table, caption + ".")
+            out.write(args.markdown)
+        return 0
     model = ["--model", args.model] if args.model else []
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="llada-cross-file-") as tmp:

@@ -251,7 +251,8 @@ def group_by_package(*corpora: list[SourceFile]) -> dict[str, list[SourceFile]]:
 class CrossFileSamples:
     """Endless training sequences, one hole each: the package's related files (the modules the file
     imports, sometimes one more file of the package beside them) chosen and rendered into the prompt
-    by the server's own functions (completion/context.py `windows`, `choose_at`; completion/prompt.py
+    by the server's own functions (completion/context.py `windows`, `choose_at` with the modules as its
+    `sources`, as the front passes the imported and open ones; completion/prompt.py
     `infill_prompt`), then the middle and end-of-text to the sequence's end, as a generation's room
     ends. Half the holes are cross-file ones (`_candidates`: the answer uses a name only the snippets'
     modules define), half the usual infill kinds, so the model also learns to leave snippets unused.
@@ -290,7 +291,7 @@ class CrossFileSamples:
         return cut_hole(f.text, kind, self.rng)
 
     def sample(self) -> list[int]:
-        from llada_lsp.completion.context import choose_at, windows
+        from llada_lsp.completion.context import Snippet, choose_at, windows
         from llada_lsp.completion.jobs import CONTEXT_TOKENS
         from llada_lsp.completion.prompt import infill_prompt
 
@@ -304,8 +305,9 @@ class CrossFileSamples:
             if self.rng.random() < 0.3:  # an open file that has nothing to do with the hole
                 sources.append(self.rng.choice(package))
             pool = [w for g in sources if g.path != f.path for w in self._windows(g, windows)]
+            modules = {g.path: Snippet(relative_path(g.path), g.text, g.path) for g in sources if g.path != f.path}
             share = self.rng.choice(self.shares)  # the chooser's budget, as the front sizes it for the setting
-            snippets = choose_at(pool, prefix + suffix, len(prefix), CONTEXT_TOKENS * share // 100)
+            snippets = choose_at(pool, prefix + suffix, len(prefix), CONTEXT_TOKENS * share // 100, [*modules.values()])
             gen = 64 if not prefix.split("\n")[-1].strip() else 32
             prompt = infill_prompt(prefix, suffix, self.codec, self.seq_len - gen, context=snippets,
                                    context_share=share)  # fmt: skip

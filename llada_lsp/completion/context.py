@@ -25,6 +25,9 @@ MAX_WIRE_SNIPPETS = 16  # what a request frame may carry
 MAX_SNIPPET_CHARS = 8_000  # one snippet's text, on the wire and from a client's llada/context
 AROUND_LINES = (20, 5)  # the lines before and after the cursor's whose identifiers rank the snippets
 WINDOW_LINES = 60  # lines each side of the cursor that the prompt's window holds, near enough: never snippets
+MAX_DEFINITIONS = 12  # definitions of the names near the cursor offered to a choice, at most
+DEFINITION_LINES = 12  # a definition's most lines: its signature and first lines (the prompt's share is small)
+DEFINITION_BONUS = 0.1  # added to the likeness of the definition of the name nearest the cursor (less further)
 CHARS_PER_TOKEN = 4  # the chooser's budget in characters; the prompt counts the ids and cuts to fit
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -73,11 +76,13 @@ def windows(text: str, path: str, origin: str = "", lines: int = SNIPPET_LINES,
 
 
 def choose(candidates: Iterable[Snippet], around: str, window: str, max_chars: int,
-           limit: int = MAX_SNIPPETS) -> tuple[Snippet, ...]:  # fmt: skip
+           limit: int = MAX_SNIPPETS, first: Iterable[Snippet] = ()) -> tuple[Snippet, ...]:  # fmt: skip
     """The snippets most like `around` (the code near the cursor) by the Jaccard similarity of their
-    identifier sets, most alike first: none that shares no identifier, none whose lines the prompt's
-    `window` already holds, no two overlapping windows of one source, at most `limit` and
-    `max_chars` characters as rendered. The result depends only on its inputs (ties: input order)."""
+    identifier sets, most alike first, where `first` (definitions of the names near the cursor, the
+    nearest first) gain up to DEFINITION_BONUS: none that shares no identifier, none whose lines the
+    prompt's `window` already holds, no two overlapping windows of one source, at most `limit` and
+    `max_chars` characters as rendered. The result depends only on its inputs (ties: definitions
+    first, then input order)."""
     target = identifiers(around)
     if not target or max_chars <= 0:
         return ()
@@ -87,6 +92,12 @@ def choose(candidates: Iterable[Snippet], around: str, window: str, max_chars: i
         score = jaccard(target, identifiers(snippet.text))
         if score > 0 and not _held(snippet.text, held):
             scored.append((-score, order, snippet))
+    # A definition ranks as its likeness plus up to DEFINITION_BONUS, less the further its name is
+    # from the cursor: ahead of the windows that look alike, not of one that shares much more.
+    first = [s for s in first if not _held(s.text, held)]
+    for rank, snippet in enumerate(first):
+        bonus = DEFINITION_BONUS * (1 - rank / len(first))
+        scored.append((-(jaccard(target, identifiers(snippet.text)) + bonus), rank - len(first), snippet))
     scored.sort(key=lambda item: item[:2])
     chosen: list[Snippet] = []
     used = 0
@@ -101,12 +112,16 @@ def choose(candidates: Iterable[Snippet], around: str, window: str, max_chars: i
     return tuple(chosen)
 
 
-def choose_at(candidates: Iterable[Snippet], text: str, offset: int, max_tokens: int) -> tuple[Snippet, ...]:
+def choose_at(candidates: Iterable[Snippet], text: str, offset: int, max_tokens: int,
+              sources: Iterable[Snippet] = ()) -> tuple[Snippet, ...]:  # fmt: skip
     """`choose` for a cursor at `offset` of `text` (the whole document), within about `max_tokens`
-    tokens: ranked against AROUND_LINES lines around the cursor, none the WINDOW_LINES each side hold.
-    What the server's front chooses with, and what training samples are built with."""
+    tokens: first the definitions, in `sources` (whole Python modules), of the names near the cursor
+    and of those the document imports (`python_definitions`); then `candidates` ranked against
+    AROUND_LINES lines around the cursor; none the WINDOW_LINES each side hold. What the server's
+    front chooses with, and what training samples are built with."""
     around, window = lines_around(text, offset, *AROUND_LINES), lines_around(text, offset, WINDOW_LINES, WINDOW_LINES)
-    return choose(candidates, around, window, max_tokens * CHARS_PER_TOKEN)
+    first = python_definitions(sources, text, offset) if sources else []
+    return choose(candidates, around, window, max_tokens * CHARS_PER_TOKEN, first=first)
 
 
 def line_span(text: str, offset: int, before: int, after: int) -> tuple[int, int]:
@@ -184,6 +199,99 @@ def python_imports(text: str) -> list[tuple[int, str]]:
             if name and all(part.isidentifier() for part in name.split(".")):
                 found.append((0, name))
     return list(dict.fromkeys(found))
+
+
+_DEFINES = re.compile(
+    r"[ \t]*(?:(?:async[ \t]+)?def|class)[ \t]+([A-Za-z_]\w*)"  # a def or class, at any depth
+    r"|([A-Za-z_]\w*)[ \t]*(?::[^=\n]*)?=(?!=)"  # an assignment at the module's level (a match starts the line)
+)
+_CLOSING = (")", "]", "}")
+
+
+# Modules change seldom (the document being typed is no source): their lines and definitions are
+# kept for the next choices, for a few modules, each at most SCAN_CHARS of text.
+@functools.lru_cache(maxsize=32)
+def _source_lines(text: str) -> tuple[str, ...]:
+    """The whole lines of `text`'s first SCAN_CHARS characters, as `windows` numbers them."""
+    lines = text[:SCAN_CHARS].splitlines(keepends=True)
+    if len(text) > SCAN_CHARS and lines:
+        lines.pop()
+    return tuple(lines)
+
+
+@functools.lru_cache(maxsize=32)
+def defined_at(text: str) -> dict[str, tuple[int, ...]]:
+    """Name -> the lines of `text` (as `_source_lines` numbers them) that define it: a `def` or
+    `class` at any depth, an assignment at the module's level (column 0). Read by a pattern per line:
+    the file seldom parses while it is typed."""
+    found: dict[str, list[int]] = {}
+    for index, line in enumerate(_source_lines(text)):
+        if match := _DEFINES.match(line):
+            found.setdefault(match[1] or match[2], []).append(index)
+    return {name: tuple(at) for name, at in found.items()}
+
+
+def definition(source: Snippet, index: int) -> Snippet:
+    """The definition at line `index` of `source` (a whole module): that line and its block (the
+    lines below it indented deeper, blank or closing a bracket at its depth), at most DEFINITION_LINES."""
+    lines = _source_lines(source.text)
+    depth = _depth(lines[index])
+    end = index + 1
+    while end < len(lines) and end - index < DEFINITION_LINES:
+        line = lines[end]
+        if line.strip() and _depth(line) <= depth and not line.lstrip().startswith(_CLOSING):
+            break
+        end += 1
+    while end > index + 1 and not lines[end - 1].strip():
+        end -= 1
+    return Snippet(source.path, "".join(lines[index:end])[:MAX_SNIPPET_CHARS], source.origin, index)
+
+
+def _depth(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def python_wanted(text: str, offset: int) -> list[str]:
+    """The names whose definitions a completion at `offset` of `text` (a Python document) may need,
+    most wanted first: those of the cursor's line before the cursor and of the AROUND_LINES[0] lines
+    above (nearest first), then its rest and the lines below, then the names the document imports
+    (`from m import a, b as c`: a, b); none every file has, none the document defines itself."""
+    start, end = line_span(text, offset, *AROUND_LINES)
+    near = _IDENTIFIER.findall(_code(text[start:offset]))[::-1] + _IDENTIFIER.findall(_code(text[offset:end]))
+    imported = [name.split(" as ")[0].strip() for match in _FROM.finditer(text[:SCAN_CHARS])
+                for name in match.group(3).replace("\\", " ").split(",")]  # fmt: skip
+    own = {m[1] or m[2] for m in map(_DEFINES.match, text[:SCAN_CHARS].splitlines()) if m}  # not kept: it is typed
+    return [n for n in dict.fromkeys([*near, *imported]) if n.isidentifier() and n not in _COMMON and n not in own]
+
+
+_COMMENT = re.compile(r"#[^\n]*|'[^'\n]*'|\"[^\"\n]*\"")
+
+
+def _code(text: str) -> str:
+    """`text` without its comments and one-line strings (their words name nothing to define)."""
+    return _COMMENT.sub(" ", text)
+
+
+def python_definitions(sources: Iterable[Snippet], text: str, offset: int,
+                       limit: int = MAX_DEFINITIONS) -> list[Snippet]:  # fmt: skip
+    """The definitions, in `sources` (whole modules, the ones the document imports first), of the
+    names a completion at `offset` of `text` may need (`python_wanted`), most wanted first: at most
+    `limit`, each a `definition`, or the whole module where it is one window long (all of it is then
+    no more than a snippet, and its other names come along), once."""
+    sources = list(sources)
+    out: list[Snippet] = []
+    for name in python_wanted(text, offset):
+        for source in sources:
+            for index in defined_at(source.text).get(name, ()):
+                if len(_source_lines(source.text)) > SNIPPET_LINES:
+                    found = definition(source, index)
+                else:
+                    found = Snippet(source.path, source.text[:MAX_SNIPPET_CHARS], source.origin, 0)
+                if found not in out:
+                    out.append(found)
+                if len(out) == limit:
+                    return out
+    return out
 
 
 def to_wire(snippets: Iterable[Snippet]) -> list[dict[str, str]]:

@@ -7,6 +7,7 @@ Knows nothing of the LSP, positions or tensors: strings in, token ids out (throu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from .context import Snippet, describe_snippets, render_snippets
 from .layouts import chat_infill_prompt, fim_ids
 
 MIN_SNIPPET_LINES = 3  # a snippet cut to fit keeps at least this many lines, or is left out
+CONTEXT_CACHE = 16  # snippet sets whose fitted ids are remembered (a few documents' sets, each for its line)
 MAX_SNIPPETS_IN_PROMPT = 16  # as many as a request may carry (completion/context.py: MAX_WIRE_SNIPPETS)
 QUANTUM = 32  # the cursor line's share of the prefix grows in steps of (at most) one block, so its start stays put
 CHARS_PER_TOKEN = 16  # bounds the text looked at (a 2 MB document is never tokenized whole)
@@ -64,7 +66,23 @@ def context_ids(context: tuple[Snippet, ...], codec: TextCodec, cap: int,
     """The ids of the snippets that fit `cap` ids together, most alike first, and those snippets:
     rendered for the FIM layout (`render_snippets`), described in words for the chat one. A snippet
     that does not fit whole is kept as its first lines that do (at least MIN_SNIPPET_LINES), and ends
-    the set; one that does not fit even so is left out."""
+    the set; one that does not fit even so is left out. Remembered for the last CONTEXT_CACHE sets:
+    the set stays the same along a line, and fitting it encodes the growing text once per snippet."""
+    if not context:
+        return [], ()
+    ids, kept = _fitted_context(tuple(context), codec, cap, fim)
+    return list(ids), kept
+
+
+@functools.lru_cache(maxsize=CONTEXT_CACHE)
+def _fitted_context(context: tuple[Snippet, ...], codec: TextCodec, cap: int,
+                    fim: bool) -> tuple[tuple[int, ...], tuple[Snippet, ...]]:  # fmt: skip
+    ids, kept = _fit_context(context, codec, cap, fim)
+    return tuple(ids), kept
+
+
+def _fit_context(context: tuple[Snippet, ...], codec: TextCodec, cap: int,
+                 fim: bool) -> tuple[list[int], tuple[Snippet, ...]]:  # fmt: skip
     render = render_snippets if fim else describe_snippets
     kept: list[Snippet] = []
     ids: list[int] = []

@@ -97,15 +97,41 @@ class ContextFiles:
         for other in open_docs.values():
             if other.uri != doc.uri:
                 out += windows(other.text, self.label(other.uri), other.uri)
-        if is_python(doc.language, doc.uri):
-            open_paths = {os.path.realpath(p) for p in map(path_of, open_docs) if p is not None}
-            for path in self.imported(doc)[:MAX_IMPORTED]:
-                text = self._read(path) if str(path) not in open_paths else None
-                if text is not None:
-                    out += windows(text, self._relative(path), str(path))
+        out += [w for module in self._imported_texts(doc, open_docs) if module.origin not in open_docs
+                for w in windows(module.text, module.path, module.origin)]  # fmt: skip
         for each in open_docs.values():
             for edit in history.edits(each.uri):
                 out.append(_edit_region(each, edit.start, self.label(each.uri)))
+        return out
+
+    def modules(self, doc: Document, documents: Iterable[Document]) -> list[Snippet]:
+        """Whole Python modules whose definitions a choice for `doc` may bring (`choose_at`'s
+        `sources`), for a Python `doc` only: the workspace files it imports (an open one as the
+        editor has it), then the other open Python documents."""
+        open_docs = {d.uri: d for d in documents}
+        if not is_python(doc.language, doc.uri):
+            return []
+        out = self._imported_texts(doc, open_docs)
+        seen = {module.origin for module in out}
+        for other in open_docs.values():
+            if other.uri != doc.uri and other.uri not in seen and is_python(other.language, other.uri):
+                out.append(Snippet(self.label(other.uri), other.text, other.uri))
+        return out
+
+    def _imported_texts(self, doc: Document, open_docs: dict[str, Document]) -> list[Snippet]:
+        """The workspace files `doc` imports (a Python `doc` only), whole: an open one's text as the
+        editor has it (its origin the document's URI), else the file's (its origin the path)."""
+        if not is_python(doc.language, doc.uri):
+            return []
+        by_path = {os.path.realpath(p): d for d in open_docs.values() if (p := path_of(d.uri)) is not None}
+        out = []
+        for path in self.imported(doc)[:MAX_IMPORTED]:
+            opened = by_path.get(str(path))
+            if opened is not None:
+                if opened.uri != doc.uri:
+                    out.append(Snippet(self._relative(path), opened.text, opened.uri))
+            elif (text := self._read(path)) is not None:
+                out.append(Snippet(self._relative(path), text, str(path)))
         return out
 
     def imported(self, doc: Document) -> list[Path]:
@@ -188,7 +214,9 @@ class ContextFiles:
     def choose_now(self, doc: Document, offset: int, documents: Iterable[Document], history: History,
                    max_tokens: int) -> tuple[Snippet, ...]:  # fmt: skip
         """A new choice at `offset`, kept for the requests that follow on its line."""
-        chosen = choose_at(self.candidates(doc, documents, history), doc.text, offset, max_tokens)
+        documents = list(documents)
+        sources = self.modules(doc, documents)
+        chosen = choose_at(self.candidates(doc, documents, history), doc.text, offset, max_tokens, sources)
         self._chosen[doc.uri] = _Choice(doc.text.count("\n", 0, offset), self.clock(), max_tokens, chosen)
         return chosen
 

@@ -36,6 +36,7 @@ async def initialize(ls: LladaServer, params: types.InitializeParams) -> None:
     experimental = params.capabilities.experimental
     ls.drafts = isinstance(experimental, dict) and experimental.get("lladaDrafts") is True
     ls.configure(params.initialization_options)
+    ls.workspace_changed()
     await ls.start_engine()
 
 
@@ -53,6 +54,10 @@ def context_chunk(ls: LladaServer, params: Any) -> None:
         ls.log(problem, types.MessageType.Warning)
     else:
         ls.warm_later()
+
+
+def did_change_workspace_folders(ls: LladaServer, params: types.DidChangeWorkspaceFoldersParams) -> None:
+    ls.workspace_changed()  # pygls has applied the change to its workspace already
 
 
 def did_change_configuration(ls: LladaServer, params: types.DidChangeConfigurationParams) -> None:
@@ -165,6 +170,7 @@ def create_server(launch: Launch, server: type[LladaServer] = LladaServer) -> Ll
     ls.feature(types.INITIALIZE)(initialize)
     ls.feature(types.INITIALIZED)(initialized)
     ls.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)(did_change_configuration)
+    ls.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)(did_change_workspace_folders)
     inline.register(ls)
     kinds = [types.CodeActionKind.RefactorRewrite, types.CodeActionKind.QuickFix]
     ls.feature(types.TEXT_DOCUMENT_CODE_ACTION, types.CodeActionOptions(code_action_kinds=kinds))(code_actions)

@@ -331,6 +331,12 @@ class LladaServer(LanguageServer):
         self.warm_later()
 
     # --- context beyond the file ----------------------------------------------------------------
+    def workspace_changed(self) -> None:
+        """The workspace folders as pygls holds them (after `initialize`, and after each
+        workspace/didChangeWorkspaceFolders, which pygls applies first): where imported files may
+        be read from. Resolved here, not per completion (each resolves every folder's real path)."""
+        self.context.set_roots([*(f.uri for f in self.workspace.folders.values()), self.workspace.root_uri])
+
     def context_for(self, doc: Document, offset: int, fresh: bool = False) -> tuple[Snippet, ...]:
         """The snippets of other files for a completion at `offset` of `doc`: none with `contextFiles`
         off; the set of the line while the user types on it (`fresh`: chosen again now). A set that
@@ -338,14 +344,13 @@ class LladaServer(LanguageServer):
         s = self.settings
         if not s.context_files or not s.context_files_share:
             return ()
-        self.context.set_roots([*(f.uri for f in self.workspace.folders.values()), self.workspace.root_uri])
         before = self.context.current(doc.uri)
         budget = s.context_tokens * s.context_files_share // 100
         args = (doc, offset, self.documents.all(), self.documents.history, budget)
         chosen = self.context.choose_now(*args) if fresh else self.context.snippets(*args)
         if chosen != before:
             line = doc.text.count("\n", 0, offset) + 1
-            paths = ", ".join(f"{x.path}:{x.line + 1}" for x in chosen) or "none"
+            paths = ", ".join(f"{x.path}:{x.line + 1}-{x.line + len(x.text.splitlines())}" for x in chosen) or "none"
             self.log(f"context for {doc.uri} at line {line}{' (idle)' if fresh else ''}: {paths}")
         return chosen
 
