@@ -88,16 +88,19 @@ class ContextFiles:
         path = path_of(uri)
         return self._relative(Path(os.path.realpath(path))) if path else uri.rsplit("/", 1)[-1] or uri
 
-    def candidates(self, doc: Document, documents: Iterable[Document], history: History) -> list[Snippet]:
+    def candidates(self, doc: Document, documents: Iterable[Document], history: History,
+                   modules: list[Snippet] | None = None) -> list[Snippet]:  # fmt: skip
         """Every snippet that could be chosen for `doc`: the client's chunks, newest first; the other
         open documents; the files `doc` imports from the workspace (not open); the regions of recent
-        edits, of `doc` too (those inside the prompt's window are left out by the choice)."""
+        edits, of `doc` too (those inside the prompt's window are left out by the choice). `modules`:
+        what `modules` says for `doc` (found again when not given)."""
         out = [s for chunk in reversed(self.chunks) for s in windows(chunk.text, chunk.path, chunk.origin)]
         open_docs = {d.uri: d for d in documents}
         for other in open_docs.values():
             if other.uri != doc.uri:
                 out += windows(other.text, self.label(other.uri), other.uri)
-        out += [w for module in self._imported_texts(doc, open_docs) if module.origin not in open_docs
+        modules = self.modules(doc, open_docs.values()) if modules is None else modules
+        out += [w for module in modules if module.origin not in open_docs
                 for w in windows(module.text, module.path, module.origin)]  # fmt: skip
         for each in open_docs.values():
             for edit in history.edits(each.uri):
@@ -108,9 +111,9 @@ class ContextFiles:
         """Whole Python modules whose definitions a choice for `doc` may bring (`choose_at`'s
         `sources`), for a Python `doc` only: the workspace files it imports (an open one as the
         editor has it), then the other open Python documents."""
-        open_docs = {d.uri: d for d in documents}
         if not is_python(doc.language, doc.uri):
             return []
+        open_docs = {d.uri: d for d in documents}
         out = self._imported_texts(doc, open_docs)
         seen = {module.origin for module in out}
         for other in open_docs.values():
@@ -149,8 +152,10 @@ class ContextFiles:
             for base in bases:
                 stem = base.joinpath(*name.split("."))
                 for path in (stem.with_name(stem.name + ".py"), stem / "__init__.py"):
+                    if not os.path.isfile(path):  # most are not there: one stat, before resolving links
+                        continue
                     real = Path(os.path.realpath(path))
-                    if real not in found and self._inside(real) and real.is_file():
+                    if real not in found and self._inside(real):
                         found.append(real)
         return found
 
@@ -216,7 +221,7 @@ class ContextFiles:
         """A new choice at `offset`, kept for the requests that follow on its line."""
         documents = list(documents)
         sources = self.modules(doc, documents)
-        chosen = choose_at(self.candidates(doc, documents, history), doc.text, offset, max_tokens, sources)
+        chosen = choose_at(self.candidates(doc, documents, history, sources), doc.text, offset, max_tokens, sources)
         self._chosen[doc.uri] = _Choice(doc.text.count("\n", 0, offset), self.clock(), max_tokens, chosen)
         return chosen
 
