@@ -291,14 +291,14 @@ class PagedView:
         # A split model's pool: the slot tables once more on each other device that holds layers.
         # The keys are gathered by index_select over the flat slots (on the CPU about 4x faster than
         # advanced indexing at a step's 500 keys).
-        self.tables = {d: (writes.to(d, non_blocking=True), reads.to(d, non_blocking=True),
-                           reads.flatten().to(d, non_blocking=True)) for d in cache.devices}  # fmt: skip
+        self.tables = {d: (writes.to(d, non_blocking=True), reads.flatten().to(d, non_blocking=True))
+                       for d in cache.devices}  # fmt: skip
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [B, K, T, D] -> every row's visible keys and values [B, K, S, D]."""
         pool_k, pool_v = self._write(layer, k, v)
-        _, reads, flat = self.tables[pool_k.device]  # [B, S], [B * S]
-        shape = (*reads.shape, *pool_k.shape[1:])
+        flat = self.tables[pool_k.device][1]  # [B * S]
+        shape = (*self.reads.shape, *pool_k.shape[1:])
         keys, values = pool_k.index_select(0, flat).view(shape), pool_v.index_select(0, flat).view(shape)
         return keys.transpose(1, 2), values.transpose(1, 2)
 

@@ -350,16 +350,16 @@ class Experts(nn.Module):
         order = flat.argsort(stable=True)
         token_of = order // A
         xs = x.index_select(0, token_of)  # each expert's tokens [n, C], in expert order
+        counts = torch.bincount(flat, minlength=self.w_gate.shape[0])
         grouped = GROUPED_MM is not None and x.dtype == torch.float32  # (it takes no float64)
         both = fused_gate_up(self.gate_up, self.w_gate, self.w_up) if grouped else None
         if both is not None:
-            ends = torch.bincount(flat, minlength=self.w_gate.shape[0]).cumsum(0, dtype=torch.int32)
+            ends = counts.cumsum(0, dtype=torch.int32)
             gate, up = GROUPED_MM(xs, both, offs=ends).chunk(2, dim=-1)
             y = GROUPED_MM(F.silu(gate) * up, self.w_down.transpose(1, 2), offs=ends)
         else:
-            counts = torch.bincount(flat, minlength=self.w_gate.shape[0]).tolist()
             ys = []
-            for e, xe in enumerate(xs.split(counts)):
+            for e, xe in enumerate(xs.split(counts.tolist())):
                 if len(xe):
                     ys.append(
                         self.linear(F.silu(self.linear(xe, "w_gate", e)) * self.linear(xe, "w_up", e), "w_down", e)

@@ -122,10 +122,8 @@ class ContextFiles:
         return out
 
     def _imported_texts(self, doc: Document, open_docs: dict[str, Document]) -> list[Snippet]:
-        """The workspace files `doc` imports (a Python `doc` only), whole: an open one's text as the
-        editor has it (its origin the document's URI), else the file's (its origin the path)."""
-        if not is_python(doc.language, doc.uri):
-            return []
+        """The workspace files `doc` (a Python document: `modules` asks) imports, whole: an open one's
+        text as the editor has it (its origin the document's URI), else the file's (its origin the path)."""
         by_path = {os.path.realpath(p): d for d in open_docs.values() if (p := path_of(d.uri)) is not None}
         out = []
         for path in self.imported(doc)[:MAX_IMPORTED]:
