@@ -124,12 +124,16 @@ class StepRecorder:
         self.E = model.config.num_experts
         # per forward: (B, T, S, R) and each MoE layer's expert ids, counted after the timed steps
         self._raw: list[tuple[tuple[int, int, int, int], list[torch.Tensor]]] = []
-        self.hooks = [model.register_forward_pre_hook(self._start, with_kwargs=True)]
-        for layer in model.model.layers:
-            if hasattr(layer.mlp, "gate"):
-                self.hooks.append(
-                    layer.mlp.gate.register_forward_hook(lambda m, i, out: self._raw[-1][1].append(out[0]))
-                )
+        self.hooks = [model.register_forward_pre_hook(self._start, with_kwargs=True),
+                      model.register_forward_hook(self._end)]  # fmt: skip
+        self.moe = [layer for layer in model.model.layers if hasattr(layer.mlp, "gate")]
+        for layer in self.moe:
+            self.hooks.append(layer.mlp.gate.register_forward_hook(lambda m, i, out: self._raw[-1][1].append(out[0])))
+
+    def _end(self, model, args, out) -> None:
+        """A forward that ran cpu_layout's flat layers called no router module: their routing instead."""
+        if not self._raw[-1][1]:
+            self._raw[-1][1].extend(layer.fused.expert_ids for layer in self.moe if layer.fused is not None)
 
     def _start(self, model, args, kwargs) -> None:
         B, T = args[0].shape

@@ -2,8 +2,8 @@
 into one compiled loop each. At the embedded model's shapes (32 rows of 256) a torch op costs more to
 dispatch than to compute, so a step is mostly overhead; each kernel here replaces several such ops.
 
-`enabled(x)` is the one switch: float32 CPU tensors under no_grad / inference_mode (the engine's), numba installed, not under
-torch.compile, unless LLADA_LSP_KERNELS=0. Everywhere else the model's torch path runs. Bulk passes
+`enabled(x)` is the one switch: float32 CPU tensors under no_grad / inference_mode (the engine's),
+numba installed, not under torch.compile, unless LLADA_LSP_KERNELS=0. Everywhere else the model's torch path runs. Bulk passes
 (the step rule's exponentials, SiLU) stay in torch: its vectorised math library beats a numba loop.
 Knows nothing of modules, checkpoints or decoding policy.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 try:
@@ -20,18 +21,244 @@ except ImportError:  # pragma: no cover - numba is a dependency; a platform with
     numba = None
 
 
+# Read once: the switch is asked on every step, and reading the environment there costs a step ~1%.
+ON = numba is not None and os.environ.get("LLADA_LSP_KERNELS", "1") != "0"
+
+
 def enabled(x: torch.Tensor) -> bool:
-    """Whether the CPU kernels run for activations x: float32 on the CPU, no autograd recording, numba present."""
+    """Whether the CPU kernels run for activations x: float32 on the CPU, no autograd recording, numba
+    installed and LLADA_LSP_KERNELS not 0 when the process started (tests flip `ON`)."""
     return (
-        numba is not None
+        ON
+        and x.dtype is torch.float32
+        and not x.is_cuda
         and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and not torch.is_grad_enabled()
-        and not torch.compiler.is_compiling()
-        and os.environ.get("LLADA_LSP_KERNELS", "1") != "0"
+        and not (torch.is_grad_enabled() or torch.compiler.is_compiling())
     )
 
 
 def array(t: torch.Tensor):
     """A tensor's numpy view (no copy) for a kernel's argument."""
     return t.detach().numpy()
+
+
+def _jit(fn=None, **options):
+    """numba.njit with the on-disk cache (a compile on a process's first step, a load after); `reduce`
+    allows reassociating sums (vectorised reductions), never contracting a multiply-add, so products
+    round as torch's do."""
+    if numba is None:  # pragma: no cover
+        return fn if fn is not None else (lambda f: f)
+    if options.pop("reduce", False):
+        options["fastmath"] = {"reassoc", "nsz"}
+    jit = numba.njit(cache=True, nogil=True, **options)
+    return jit(fn) if fn is not None else jit
+
+
+# --- RMSNorm ---------------------------------------------------------------------------------------
+
+
+@_jit(reduce=True)
+def _rms_norm(x, w, eps, out):  # x, out [N, C]; w [C]
+    N, C = x.shape
+    for i in range(N):
+        s = np.float32(0.0)
+        for j in range(C):
+            s += x[i, j] * x[i, j]
+        r = np.float32(1.0) / np.sqrt(s / np.float32(C) + np.float32(eps))
+        for j in range(C):
+            out[i, j] = x[i, j] * r * w[j]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., C] (contiguous) normalised over C times weight [C]: llada2.rms_norm's float32 numbers
+    within rounding (the sum of squares is vectorised in another order)."""
+    out = torch.empty_like(x)
+    C = x.shape[-1]
+    _rms_norm(array(x).reshape(-1, C), array(weight), eps, array(out).reshape(-1, C))
+    return out
+
+
+# --- attention: q/k norm and RoPE ---------------------------------------------------------------
+
+
+@_jit(reduce=True)
+def _qk_norm_rope(qkv, w, eps, cos, sin, heads):  # qkv [N, >= heads, D]; w [heads, D]; cos/sin [P, R]
+    N, _, D = qkv.shape
+    P, R = cos.shape
+    half = R // 2
+    t = np.empty(D, np.float32)
+    for n in range(N):
+        c, s_ = cos[n % P], sin[n % P]
+        for h in range(heads):
+            v = qkv[n, h]
+            ss = np.float32(0.0)
+            for d in range(D):
+                ss += v[d] * v[d]
+            r = np.float32(1.0) / np.sqrt(ss / np.float32(D) + np.float32(eps))
+            for d in range(D):
+                t[d] = v[d] * r * w[h, d]
+            for d in range(half):  # x1 * cos + x2 * sin, sin's first half holding the minus
+                v[d] = t[d] * c[d] + t[d + half] * s_[d]
+                v[d + half] = t[d + half] * c[d + half] + t[d] * s_[d + half]
+            for d in range(R, D):
+                v[d] = t[d]
+
+
+@_jit
+def _write_gather(qkv, H, K, pool_k, pool_v, writes, reads, keys, values):
+    # rows of K * D floats: qkv [N, (H + 2K) * D], pools [slots, K * D], keys / values [B * S, K * D]
+    KD = pool_k.shape[1]
+    for n in range(qkv.shape[0]):  # this forward's keys and values into their slots
+        slot, at = writes[n], qkv.shape[1] - 2 * KD
+        for j in range(KD):
+            pool_k[slot, j] = qkv[n, at + j]
+            pool_v[slot, j] = qkv[n, at + KD + j]
+    for i in range(reads.shape[0]):  # then every visible key and value, gathered
+        slot = reads[i]
+        for j in range(KD):
+            keys[i, j] = pool_k[slot, j]
+            values[i, j] = pool_v[slot, j]
+
+
+@_jit
+def _attention_in(qkv, w, eps, cos, sin, H, K, pool_k, pool_v, writes, reads, keys, values):
+    _qk_norm_rope(qkv, w, eps, cos, sin, H + K)
+    N, heads, D = qkv.shape
+    _write_gather(qkv.reshape(N, heads * D), H, K, pool_k.reshape(pool_k.shape[0], K * D),
+                  pool_v.reshape(pool_v.shape[0], K * D), writes, reads, keys.reshape(keys.shape[0], K * D),
+                  values.reshape(values.shape[0], K * D))  # fmt: skip
+
+
+def attention_in(qkv: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                 pool_k: torch.Tensor, pool_v: torch.Tensor, writes: torch.Tensor,
+                 reads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """qk_norm_rope_ on qkv [B, T, H + 2K, D], then its keys and values written to their slots
+    `writes` [B * T] of the pools [slots, K, D] and those at `reads` [B, S] gathered: returns (keys,
+    values) [B, K, S, D] (views of [B, S, K, D]). The reference for the pools: engine/cache.py's
+    PagedView.update (index_copy_, index_select)."""
+    B, T, _, D = qkv.shape
+    S, K, R = reads.shape[1], pool_k.shape[1], cos.shape[-1]
+    keys = torch.empty(B, S, K, D, dtype=qkv.dtype)
+    values = torch.empty(B, S, K, D, dtype=qkv.dtype)
+    _attention_in(array(qkv).reshape(B * T, -1, D), array(weight), eps, array(cos).reshape(-1, R),
+                  array(sin).reshape(-1, R), weight.shape[0] - K, K, array(pool_k), array(pool_v), array(writes),
+                  array(reads).reshape(-1), array(keys).reshape(B * S, K, D), array(values).reshape(B * S, K, D))  # fmt: skip
+    return keys.transpose(1, 2), values.transpose(1, 2)
+
+
+def qk_norm_rope_(qkv: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """In place on qkv [B, T, heads + K, D] (contiguous): the first `heads` = weight.shape[0] heads (the
+    queries', then the keys') RMS-normed over D by their row of weight [heads, D] and rotated by
+    cos / sin ([T, R], or [B, 1, T, R]: rope_cos_sin's tables); the values untouched. The reference:
+    llada2.rms_norm then llada2.apply_rope."""
+    B, T, _, D = qkv.shape
+    R = cos.shape[-1]
+    _qk_norm_rope(array(qkv).reshape(B * T, -1, D), array(weight), eps, array(cos).reshape(-1, R),
+                  array(sin).reshape(-1, R), weight.shape[0])  # fmt: skip
+
+
+# --- MoE: routing, grouping by expert, the weighted sum ---------------------------------------------
+
+
+@_jit
+def _route(scores, bias, n_group, topk_group, top_k, scale, normalise, ids, weights):
+    N, E = scores.shape
+    per = E // n_group
+    biased = np.empty(E, np.float32)
+    group = np.empty(n_group, np.float32)
+    for n in range(N):
+        for e in range(E):
+            biased[e] = scores[n, e] + bias[e]
+        for g in range(n_group):  # a group's score: the sum of its best two (its best, if one expert)
+            a = -np.inf
+            b = -np.inf
+            for e in range(g * per, (g + 1) * per):
+                if biased[e] > a:
+                    a, b = biased[e], a
+                elif biased[e] > b:
+                    b = biased[e]
+            group[g] = a + b if per > 1 else a
+        for _ in range(n_group - topk_group):  # drop the worst groups (the last of equals first)
+            worst = 0
+            for g in range(1, n_group):
+                if group[g] <= group[worst]:
+                    worst = g
+            group[worst] = np.inf
+            for e in range(worst * per, (worst + 1) * per):
+                biased[e] = -np.inf
+        total = np.float32(0.0)
+        for k in range(top_k):
+            best = 0
+            for e in range(1, E):
+                if biased[e] > biased[best]:
+                    best = e
+            ids[n, k] = best
+            biased[best] = -np.inf
+            weights[n, k] = scores[n, best]
+            total += scores[n, best]
+        for k in range(top_k):
+            w = weights[n, k] / (total + np.float32(1e-20)) if normalise else weights[n, k]
+            weights[n, k] = w * np.float32(scale)
+
+
+def route(scores: torch.Tensor, bias: torch.Tensor, n_group: int, topk_group: int, top_k: int, scale: float,
+          normalise: bool, x: torch.Tensor):  # fmt: skip
+    """LLaDA2.1's group-limited top-k on sigmoid scores [N, E] (float32), then the tokens x [N, C]
+    grouped by expert for grouped GEMMs. Returns (expert ids [N, top_k] int64, best first; xs [N * A, C]
+    in expert order, each expert's rows in token order; token_of [N * A]; each row's routing weight
+    [N * A]; ends [E] int32, where each expert's rows end). The references: llada2.Router (the group
+    limit, topk, the normalisation, the scale: the same choice and numbers wherever no two scores tie
+    exactly) and Experts.sparse's stable argsort."""
+    N, E = scores.shape
+    ids = torch.empty(N, top_k, dtype=torch.int64)
+    weights = torch.empty(N, top_k, dtype=torch.float32)
+    _route(array(scores), array(bias), n_group, topk_group, top_k, scale, normalise, array(ids), array(weights))
+    xs = torch.empty(N * top_k, x.shape[1], dtype=x.dtype)
+    token_of = torch.empty(N * top_k, dtype=torch.int64)
+    w_sorted = torch.empty(N * top_k, dtype=weights.dtype)
+    ends = torch.empty(E, dtype=torch.int32)
+    _group(array(x), array(ids), array(weights), E, array(xs), array(token_of), array(w_sorted), array(ends))
+    return ids, xs, token_of, w_sorted, ends
+
+
+@_jit
+def _group(x, ids, weights, n_experts, xs, token_of, w_sorted, ends):
+    N, A = ids.shape
+    start = np.zeros(n_experts + 1, np.int64)
+    for n in range(N):
+        for k in range(A):
+            start[ids[n, k] + 1] += 1
+    for e in range(n_experts):
+        start[e + 1] += start[e]
+        ends[e] = start[e + 1]
+    for n in range(N):  # token order within an expert (a stable sort)
+        for k in range(A):
+            row = start[ids[n, k]]
+            start[ids[n, k]] += 1
+            token_of[row] = n
+            w_sorted[row] = weights[n, k]
+            xs[row] = x[n]
+
+
+@_jit
+def _combine(y, token_of, w_sorted, shared, residual, out):
+    N, C = out.shape
+    acc = np.zeros((N, C), np.float32)
+    for r in range(y.shape[0]):
+        t = token_of[r]
+        w = w_sorted[r]
+        for c in range(C):
+            acc[t, c] += y[r, c] * w
+    for n in range(N):
+        for c in range(C):
+            out[n, c] = residual[n, c] + (acc[n, c] + shared[n, c])
+
+
+def combine(y: torch.Tensor, token_of: torch.Tensor, w_sorted: torch.Tensor, shared: torch.Tensor,
+            residual: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """residual + (routed + shared), each [N, C]: the routed sum is each expert row of y [N * A, C]
+    times its weight, added to its token's row in the rows' order (Experts.sparse's multiply and
+    index_add: the same sums in the same order), then SparseMoE's shared add and the layer's residual."""
+    out = torch.empty_like(residual)
+    _combine(array(y), array(token_of), array(w_sorted), array(shared), array(residual), array(out))
+    return out

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
+from ..kernels import cpu
 from . import fp8
 from .config import LLaDA2Config
 
@@ -114,6 +115,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     A float32 / float64 x takes torch's own kernel, one op instead of seven, with the same numbers
     (tests/test_step_rule_fast.py holds them equal); a half x is widened for the sum, as before."""
     if x.dtype == compute_dtype(x.dtype):
+        if weight.dim() == 1 and cpu.enabled(x) and x.is_contiguous():
+            return cpu.rms_norm(x, weight, eps)  # one compiled loop instead of torch's five ops
         if weight.dim() == 1:
             return F.rms_norm(x, x.shape[-1:], weight, eps)
         return F.rms_norm(x, x.shape[-1:], None, eps) * weight
@@ -346,17 +349,15 @@ class Experts(nn.Module):
         over all experts at once and no host read; else one matmul chain per expert that has tokens
         (differentiable: training takes it). Both give the same numbers (tests/test_engine_cpu_step.py)."""
         N, A = expert_ids.shape
+        grouped = GROUPED_MM is not None and x.dtype == torch.float32  # (it takes no float64)
+        both = fused_gate_up(self.gate_up, self.w_gate, self.w_up) if grouped else None
         flat = expert_ids.flatten()
         order = flat.argsort(stable=True)
         token_of = order // A
         xs = x.index_select(0, token_of)  # each expert's tokens [n, C], in expert order
         counts = torch.bincount(flat, minlength=self.w_gate.shape[0])
-        grouped = GROUPED_MM is not None and x.dtype == torch.float32  # (it takes no float64)
-        both = fused_gate_up(self.gate_up, self.w_gate, self.w_up) if grouped else None
         if both is not None:
-            ends = counts.cumsum(0, dtype=torch.int32)
-            gate, up = GROUPED_MM(xs, both, offs=ends).chunk(2, dim=-1)
-            y = GROUPED_MM(F.silu(gate) * up, self.w_down.transpose(1, 2), offs=ends)
+            y = self.grouped(xs, both, counts.cumsum(0, dtype=torch.int32))
         else:
             ys = []
             for e, xe in enumerate(xs.split(counts.tolist())):
@@ -367,6 +368,12 @@ class Experts(nn.Module):
             y = torch.cat(ys)
         y = y * weights.reshape(N * A, 1).index_select(0, order)  # [N * A, C]
         return torch.zeros_like(x).index_add_(0, token_of, as_dtype(y, x.dtype))
+
+    def grouped(self, xs: torch.Tensor, both: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """Every expert's SwiGLU on its rows of xs [n, C] (expert order; `ends` [E] int32): two grouped
+        GEMMs over all experts, gate and up in one (cpu_layout's `both`)."""
+        gate, up = GROUPED_MM(xs, both, offs=ends).chunk(2, dim=-1)
+        return GROUPED_MM(F.silu(gate) * up, self.w_down.transpose(1, 2), offs=ends)
 
     def fused(self, x, expert_ids, weights):
         """llada_lsp/kernels' fused MoE: grouped GEMMs over the touched experts only (Triton, CUDA)."""
@@ -467,9 +474,84 @@ class DecoderLayer(nn.Module):
         dense = layer_idx < config.first_k_dense_replace
         self.mlp = MLP(config.hidden_size, config.intermediate_size) if dense else SparseMoE(config)
 
+    # cpu_layout's fused inference forward of this layer (CPULayer); None: the modules' path only
+    fused: CPULayer | None = None
+
     def forward(self, x, cos, sin, allow, kv, blocks: RoutingBlocks | None = None):
         x = x + self.attention(self.input_layernorm(x), cos, sin, allow, kv)
         return x + self.mlp(self.post_attention_layernorm(x), blocks)
+
+
+class CPULayer:
+    """A DecoderLayer's inference forward on the CPU in float32, written flat: its GEMMs in torch and
+    the small ops between them as numba loops (kernels/cpu.py: the RMSNorms, q/k norm and RoPE, the
+    routing, the grouping by expert, the weighted sum with the shared expert and the residual). The
+    same arithmetic as the modules, within float32 rounding (tests/test_kernels_cpu.py); at a step's
+    shapes a module call or a small op costs more than its work, which is what this saves.
+
+    Holds the layer's parameters themselves, so a change of their values or their `.data` is seen;
+    replacing a parameter object needs cpu_layout again. LLaDA2.forward calls it when every layer has
+    one and kernels/cpu.py's switch is on (a float32 CPU step without autograd)."""
+
+    def __init__(self, layer: DecoderLayer):
+        attention, mlp = layer.attention, layer.mlp
+        self.layer_idx = attention.layer_idx
+        self.H, self.K, self.D = attention.n_head, attention.n_kv, attention.head_dim
+        self.attention = attention  # for its q/k norm weight, made again when a norm weight changes
+        self.eps = layer.input_layernorm.eps
+        self.w_in, self.w_post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+        self.w_qkv, self.w_dense = attention.query_key_value.weight, attention.dense.weight
+        moe = isinstance(mlp, SparseMoE)
+        self.mlp = mlp.shared_experts if moe else mlp  # the dense MLP, or the shared expert (None: none)
+        self.router = mlp.gate if moe else None
+        self.experts = mlp.experts if moe else None
+        self.expert_ids: torch.Tensor | None = None  # the last forward's routing [N, A] (benchmarks read it)
+
+    def __call__(self, x: torch.Tensor, cos, sin, allow, kv) -> torch.Tensor:
+        B, T, C = x.shape
+        N, H, K, D = B * T, self.H, self.K, self.D
+        x = x.view(N, C)
+        qkv = F.linear(cpu.rms_norm(x, self.w_in, self.eps), self.w_qkv).view(B, T, H + 2 * K, D)
+        pools = kv.pools(self.layer_idx) if hasattr(kv, "pools") else None
+        if pools is not None:  # normed, rotated, written to the cache and the visible keys gathered: one loop
+            k, v = cpu.attention_in(qkv, self.attention.qk_norm_weight(), self.eps, cos, sin, *pools)
+            q = qkv[:, :, :H].transpose(1, 2)
+        else:
+            cpu.qk_norm_rope_(qkv, self.attention.qk_norm_weight(), self.eps, cos, sin)
+            q, k, v = qkv.transpose(1, 2).split([H, K, K], dim=1)  # [B, H|K|K, T, D]
+            if kv is not None:
+                k, v = kv.update(self.layer_idx, k, v)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allow, enable_gqa=K != H)
+        x = torch.addmm(x, out.transpose(1, 2).reshape(N, H * D), self.w_dense.T)  # the residual added
+        h = cpu.rms_norm(x, self.w_post, self.eps)
+        if self.router is None:  # the dense MLP
+            return self.swiglu(h, self.mlp, x).view(B, T, C)
+        r = self.router
+        scores = torch.sigmoid(F.linear(h, r.weight))
+        self.expert_ids, xs, token_of, w_sorted, ends = cpu.route(scores, r.expert_bias, r.n_group, r.topk_group,
+                                                                  r.top_k, r.scale, r.normalise, h)  # fmt: skip
+        experts = self.experts
+        shared = self.swiglu(h, self.mlp) if self.mlp is not None else torch.zeros_like(x)
+        both = fused_gate_up(experts.gate_up, experts.w_gate, experts.w_up)
+        if both is None:  # the weights were replaced since cpu_layout: two grouped GEMMs of their own
+            gate, up = (GROUPED_MM(xs, w.transpose(1, 2), offs=ends) for w in (experts.w_gate, experts.w_up))
+            y = GROUPED_MM(F.silu(gate) * up, experts.w_down.transpose(1, 2), offs=ends)
+        else:
+            y = experts.grouped(xs, both, ends)
+        return cpu.combine(y, token_of, w_sorted, shared, x).view(B, T, C)
+
+    @staticmethod
+    def swiglu(h: torch.Tensor, mlp: MLP, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """MLP.forward on h (plus `residual`, added by the down projection's GEMM)."""
+        both = fused_gate_up(mlp.gate_up, mlp.gate_proj.weight, mlp.up_proj.weight)
+        if both is None:
+            gate, up = F.linear(h, mlp.gate_proj.weight), F.linear(h, mlp.up_proj.weight)
+        else:
+            gate, up = (h @ both).chunk(2, dim=-1)
+        act = F.silu(gate).mul_(up)
+        if residual is None:
+            return F.linear(act, mlp.down_proj.weight)
+        return torch.addmm(residual, act, mlp.down_proj.weight.T)
 
 
 class LLaDA2Backbone(nn.Module):
@@ -509,6 +591,18 @@ class LLaDA2(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
+    _rope: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def rope_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """rope_cos_sin of every position [0, max_position_embeddings) [P, r], made once per device and
+        dtype (the CPU step indexes them instead of making its rows again)."""
+        key = (device, self.dtype)
+        if self._rope is None or self._rope[0] != key:
+            c = self.config
+            positions = torch.arange(c.max_position_embeddings, device=device)
+            self._rope = key, rope_cos_sin(positions, c.rotary_dim, c.rope_theta, self.dtype)
+        return self._rope[1]
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [B, T]
@@ -539,11 +633,18 @@ class LLaDA2(nn.Module):
         if self.config.block_routing:  # LLaDA2.2: its routing blocks, from absolute positions, padding out
             real = getattr(kv, "real", None) if kv is not None else None
             blocks = RoutingBlocks.of(positions, real, B, self.config.block_size)
-        cos, sin = rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta, self.dtype)
+        x = self.model.word_embeddings(input_ids)
+        fused = self.model.layers[0].fused is not None and not self.hops and cpu.enabled(x)
+        if fused:  # each position's row of tables made once (the same numbers: a row is its position's own)
+            cos, sin = (table[positions] for table in self.rope_tables(positions.device))
+        else:
+            cos, sin = rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta, self.dtype)
         if positions.dim() == 2:  # per-row positions: [B, T, r] -> [B, 1, T, r], broadcast over heads
             cos, sin = cos[:, None], sin[:, None]
-        x = self.model.word_embeddings(input_ids)
         for i, layer in enumerate(self.model.layers):
+            if fused:  # cpu_layout's flat forward of the layer (float32, no autograd)
+                x = layer.fused(x, cos, sin, allow, kv)
+                continue
             if i in self.hops:
                 x, cos, sin, allow = hand_off(self.hops[i], x, cos, sin, allow)
             x = layer(x, cos, sin, allow, kv, blocks)
@@ -561,7 +662,9 @@ def cpu_layout(model: LLaDA2) -> None:
     [out, in] becomes the transposed view of a contiguous [in, out] one (F.linear then multiplies by a
     contiguous right-hand side: about a quarter faster here at a step's shapes), and each SwiGLU's gate
     and up share one [in, 2 * inner] storage (`gate_up`), which its forward multiplies in one GEMM.
-    FP8 experts keep their layout. Saving copies every weight contiguous (loader.save_model)."""
+    FP8 experts keep their layout. Saving copies every weight contiguous (loader.save_model). Each layer
+    also gets its flat inference forward (`fused`, a CPULayer), which LLaDA2.forward runs where the CPU
+    kernels' switch is on."""
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, MLP):
@@ -579,6 +682,14 @@ def cpu_layout(model: LLaDA2) -> None:
         for module in model.modules():
             if isinstance(module, nn.Linear) and module.weight.is_contiguous():
                 module.weight.data = module.weight.T.contiguous().T
+    # The flat forward of each layer (CPULayer), for every layer or none: not for LLaDA2.2's block
+    # routing or FP8 experts (their modules' paths run)
+    if not isinstance(model, LLaDA2):
+        return
+    layers = model.model.layers
+    plain = all(not isinstance(layer.mlp, SparseMoE) or type(layer.mlp.experts) is Experts for layer in layers)
+    for layer in layers:
+        layer.fused = CPULayer(layer) if cpu.numba is not None and plain and not model.config.block_routing else None
 
 
 def fused_gate_up(both: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
