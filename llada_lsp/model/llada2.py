@@ -168,6 +168,7 @@ class Attention(nn.Module):
             wq.device.type != "cpu"
             or torch.compiler.is_compiling()
             or (torch.is_grad_enabled() and (wq.requires_grad or wk.requires_grad))
+            or wq.is_inference()  # (made under inference_mode: no version counter to key on)
         ):
             return torch.cat([wq.expand(self.n_head, -1), wk.expand(self.n_kv, -1)])
         key = (wq.data_ptr(), wq._version, wk.data_ptr(), wk._version, wq.dtype, wq.device)

@@ -1,0 +1,197 @@
+"""The CPU kernels (llada_lsp/kernels/cpu.py, numba) against the torch code they stand in for, and the flat
+CPU layer (llada2.CPULayer) against the modules: the same routing, grouping and sums, norms and rotations
+within float32 rounding, the same tokens and steps from the engine; and the switch that chooses them."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llada_lsp.kernels import cpu
+from llada_lsp.model import LLaDA2Config, llada2
+from llada_lsp.model.llada2 import apply_rope, rms_norm, rope_cos_sin
+
+pytestmark = pytest.mark.skipif(cpu.numba is None, reason="numba is not installed: the torch path runs alone")
+
+TIGHT = dict(rtol=2e-6, atol=2e-6)  # float32 rounding: sums of squares vectorised in another order
+
+
+def small_config(**overrides) -> LLaDA2Config:
+    settings = dict(vocab_size=160, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, intermediate_size=96, moe_intermediate_size=24,
+                    num_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, num_shared_experts=1,
+                    max_position_embeddings=256, mask_token_id=1)  # fmt: skip
+    settings.update(overrides)
+    return LLaDA2Config(**settings)
+
+
+def small_model(config: LLaDA2Config, seed: int = 0) -> llada2.LLaDA2:
+    torch.manual_seed(seed)
+    model = llada2.LLaDA2(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2 if p.dim() > 1 else 1.0)
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.expert_bias.normal_(0.0, 0.05)
+    llada2.cpu_layout(model)
+    return model
+
+
+def modules_only(model: llada2.LLaDA2) -> llada2.LLaDA2:
+    plain = copy.deepcopy(model)
+    for layer in plain.model.layers:
+        layer.fused = None
+    return plain
+
+
+def test_rms_norm_kernel_is_torch_within_rounding():
+    gen = torch.Generator().manual_seed(0)
+    for shape in ((1, 256), (3, 7), (2, 32, 256)):
+        for scale in (1e-3, 1.0, 1e3):
+            x = torch.randn(shape, generator=gen) * scale
+            w = torch.randn(shape[-1], generator=gen)
+            torch.testing.assert_close(cpu.rms_norm(x, w, 1e-6), F.rms_norm(x, shape[-1:], w, 1e-6), **TIGHT)
+    with torch.inference_mode():  # the model's rms_norm takes the kernel where the switch is on
+        x = torch.randn(4, 64, generator=gen)
+        w = torch.randn(64, generator=gen)
+        assert torch.equal(rms_norm(x, w, 1e-6), cpu.rms_norm(x, w, 1e-6))
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_attention_in_is_norm_rope_and_the_paged_update(per_row):
+    """q and k normed by their own heads' weights and rotated (a partial rotary width), k and v written to
+    their slots, every visible slot gathered: the reference is rms_norm, apply_rope, index_copy_ and
+    index_select, as Attention and PagedView do them."""
+    gen = torch.Generator().manual_seed(1)
+    B, T, H, K, D, R, S = 2, 5, 4, 2, 16, 8, 12
+    qkv = torch.randn(B, T, H + 2 * K, D, generator=gen)
+    weight = torch.randn(H + K, D, generator=gen)
+    positions = torch.arange(7, 7 + T) if not per_row else torch.stack([torch.arange(3, 3 + T), torch.arange(9, 9 + T)])
+    cos, sin = rope_cos_sin(positions, R, 10000.0, torch.float32)
+    if per_row:
+        cos, sin = cos[:, None], sin[:, None]
+    pool_k, pool_v = torch.randn(40, K, D, generator=gen), torch.randn(40, K, D, generator=gen)
+    writes = torch.randperm(40, generator=gen)[: B * T]
+    reads = torch.cat([writes.view(B, T), torch.randint(0, 40, (B, S - T), generator=gen)], dim=1)
+
+    want_qk = apply_rope(rms_norm(qkv[:, :, : H + K], weight, 1e-6).transpose(1, 2), cos, sin).transpose(1, 2)
+    want_k, want_v = pool_k.clone(), pool_v.clone()
+    want_k.index_copy_(0, writes, want_qk[:, :, H:].reshape(B * T, K, D))
+    want_v.index_copy_(0, writes, qkv[:, :, H + K :].reshape(B * T, K, D))
+    want_keys = want_k.index_select(0, reads.flatten()).view(B, S, K, D).transpose(1, 2)
+    want_values = want_v.index_select(0, reads.flatten()).view(B, S, K, D).transpose(1, 2)
+
+    got = qkv.clone()
+    keys, values = cpu.attention_in(got, weight, 1e-6, cos, sin, pool_k, pool_v, writes, reads)
+    torch.testing.assert_close(got[:, :, : H + K], want_qk, **TIGHT)
+    assert torch.equal(got[:, :, H + K :], qkv[:, :, H + K :])  # the values untouched
+    torch.testing.assert_close(pool_k, want_k, **TIGHT)
+    assert torch.equal(pool_v, want_v)
+    torch.testing.assert_close(keys, want_keys, **TIGHT)
+    assert torch.equal(values, want_values)
+
+    alone = qkv.clone()
+    cpu.qk_norm_rope_(alone, weight, 1e-6, cos, sin)  # the same without a cache
+    assert torch.equal(alone, got)
+
+
+@pytest.mark.parametrize(
+    "experts,groups,kept,top_k,normalise",
+    [(8, 4, 2, 2, True), (16, 4, 1, 3, True), (8, 8, 3, 2, False), (6, 1, 1, 2, True)],
+)
+def test_route_chooses_and_groups_as_the_router_and_the_sparse_path(experts, groups, kept, top_k, normalise):
+    config = small_config(num_experts=experts, n_group=groups, topk_group=kept, num_experts_per_tok=top_k,
+                          norm_topk_prob=normalise)  # fmt: skip
+    torch.manual_seed(experts + groups)
+    router = llada2.Router(config)
+    with torch.no_grad():
+        router.weight.normal_()
+        router.expert_bias.normal_(0.0, 0.3)
+    x = torch.randn(37, config.hidden_size)
+    with torch.no_grad():
+        want_ids, want_weights = router(x)
+        scores = torch.sigmoid(F.linear(x, router.weight))
+        ids, xs, token_of, w_sorted, ends = cpu.route(scores, router.expert_bias, groups, kept, top_k, router.scale,
+                                                      normalise, x)  # fmt: skip
+    assert torch.equal(ids, want_ids)
+    flat = ids.flatten()
+    order = flat.argsort(stable=True)
+    assert torch.equal(token_of, order // top_k)
+    assert torch.equal(xs, x[order // top_k])
+    torch.testing.assert_close(w_sorted, want_weights.flatten()[order], rtol=0, atol=0)
+    assert torch.equal(ends, torch.bincount(flat, minlength=experts).cumsum(0).int())
+
+
+def test_combine_is_the_index_add_then_the_shared_and_residual_adds():
+    gen = torch.Generator().manual_seed(3)
+    N, A, C = 9, 2, 32
+    y = torch.randn(N * A, C, generator=gen)
+    token_of = torch.randperm(N * A, generator=gen) // A
+    weights = torch.rand(N * A, generator=gen)
+    shared, residual = torch.randn(N, C, generator=gen), torch.randn(N, C, generator=gen)
+    routed = torch.zeros(N, C).index_add_(0, token_of, y * weights[:, None])
+    assert torch.equal(cpu.combine(y, token_of, weights, shared, residual), residual + (routed + shared))
+
+
+@pytest.mark.parametrize("shared", [1, 0])
+def test_flat_layers_are_the_modules(shared):
+    """The whole forward with cpu_layout's flat layers against the modules' path, without a cache, with a
+    contiguous one (prefill, then a block), and through the engine (its paged cache): logits within
+    float32 rounding, the same tokens and steps."""
+    from llada_lsp.engine import Engine
+
+    model = small_model(small_config(num_shared_experts=shared))
+    plain = modules_only(model)
+    assert all(layer.fused is not None for layer in model.model.layers)
+    ids = torch.randint(2, 160, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids), plain(ids), rtol=1e-4, atol=1e-4)
+        caches = [llada2.BlockKVCache(model.config, 64, "cpu", torch.float32, batch=2) for _ in range(2)]
+        for m, cache in zip((model, plain), caches):
+            m(ids[:, :32], cache=cache, start=0, last_n=0)
+        torch.testing.assert_close(model(ids[:, 32:], cache=caches[0], start=32),
+                                   plain(ids[:, 32:], cache=caches[1], start=32), rtol=1e-4, atol=1e-4)  # fmt: skip
+        torch.testing.assert_close(caches[0].k, caches[1].k, rtol=1e-4, atol=1e-4)
+    for seed in range(3):
+        prompt = torch.randint(2, 160, (70,), generator=torch.Generator().manual_seed(seed)).tolist()
+        got = Engine(model).generation(prompt_ids=prompt, gen_length=32, policy="speed").run()
+        want = Engine(plain).generation(prompt_ids=prompt, gen_length=32, policy="speed").run()
+        assert (got.tokens, got.steps) == (want.tokens, want.steps)
+
+
+def test_flat_layers_follow_the_weights():
+    """The flat layers hold the parameters themselves: values loaded in place and a parameter's `.data`
+    replaced (its shared gate/up storage then no longer used) are seen."""
+    model = small_model(small_config())
+    other = small_model(small_config(), seed=1)
+    model.load_state_dict(other.state_dict())
+    ids = torch.randint(2, 160, (1, 32), generator=torch.Generator().manual_seed(0))
+    want = modules_only(other)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids), want(ids), rtol=1e-4, atol=1e-4)
+    experts = model.model.layers[1].mlp.experts
+    experts.w_up.data = experts.w_up.data * 2.0
+    model.model.layers[0].mlp.up_proj.weight.data = model.model.layers[0].mlp.up_proj.weight.data.contiguous()
+    want = modules_only(model)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids), want(ids), rtol=1e-4, atol=1e-4)
+        assert not torch.allclose(model(ids), modules_only(other)(ids), rtol=1e-3, atol=1e-3)  # the change is seen
+
+
+def test_the_switch():
+    x = torch.randn(2, 8)
+    with torch.inference_mode():
+        assert cpu.enabled(x)
+        assert not cpu.enabled(x.double())
+    assert not cpu.enabled(x)  # autograd records here: training's forward keeps the modules
+    with torch.inference_mode(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu, "ON", False)  # LLADA_LSP_KERNELS=0 at start
+        assert not cpu.enabled(x)
+    routed_per_block = small_model(
+        small_config(block_size=32, expert_capacity=4, delete_token_id=150, split_token_id=151)
+    )
+    assert all(layer.fused is None for layer in routed_per_block.model.layers)  # LLaDA2.2: the modules
