@@ -42,6 +42,9 @@ def array(t: torch.Tensor):
     return t.detach().numpy()
 
 
+tensor = torch.from_numpy  # a kernel's result (allocated in the kernel: one call less per output)
+
+
 def _jit(fn=None, **options):
     """numba.njit with the on-disk cache (a compile on a process's first step, a load after); `reduce`
     allows reassociating sums (vectorised reductions), never contracting a multiply-add, so products
@@ -58,8 +61,9 @@ def _jit(fn=None, **options):
 
 
 @_jit(reduce=True)
-def _rms_norm(x, w, eps, out):  # x, out [N, C]; w [C]
+def _rms_norm(x, w, eps):  # x [N, C]; w [C] -> [N, C]
     N, C = x.shape
+    out = np.empty_like(x)
     for i in range(N):
         s = np.float32(0.0)
         for j in range(C):
@@ -67,18 +71,16 @@ def _rms_norm(x, w, eps, out):  # x, out [N, C]; w [C]
         r = np.float32(1.0) / np.sqrt(s / np.float32(C) + np.float32(eps))
         for j in range(C):
             out[i, j] = x[i, j] * r * w[j]
+    return out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., C] (contiguous) normalised over C times weight [C]: llada2.rms_norm's float32 numbers
     within rounding (the sum of squares is vectorised in another order)."""
-    out = torch.empty_like(x)
-    C = x.shape[-1]
-    _rms_norm(array(x).reshape(-1, C), array(weight), eps, array(out).reshape(-1, C))
-    return out
+    return tensor(_rms_norm(array(x).reshape(-1, x.shape[-1]), array(weight), eps)).view(x.shape)
 
 
-# --- attention: q/k norm and RoPE ---------------------------------------------------------------
+# --- attention: q/k norm and RoPE, the paged cache's write and gather -------------------------------
 
 
 @_jit(reduce=True)
@@ -104,48 +106,6 @@ def _qk_norm_rope(qkv, w, eps, cos, sin, heads):  # qkv [N, >= heads, D]; w [hea
                 v[d] = t[d]
 
 
-@_jit
-def _write_gather(qkv, H, K, pool_k, pool_v, writes, reads, keys, values):
-    # rows of K * D floats: qkv [N, (H + 2K) * D], pools [slots, K * D], keys / values [B * S, K * D]
-    KD = pool_k.shape[1]
-    for n in range(qkv.shape[0]):  # this forward's keys and values into their slots
-        slot, at = writes[n], qkv.shape[1] - 2 * KD
-        for j in range(KD):
-            pool_k[slot, j] = qkv[n, at + j]
-            pool_v[slot, j] = qkv[n, at + KD + j]
-    for i in range(reads.shape[0]):  # then every visible key and value, gathered
-        slot = reads[i]
-        for j in range(KD):
-            keys[i, j] = pool_k[slot, j]
-            values[i, j] = pool_v[slot, j]
-
-
-@_jit
-def _attention_in(qkv, w, eps, cos, sin, H, K, pool_k, pool_v, writes, reads, keys, values):
-    _qk_norm_rope(qkv, w, eps, cos, sin, H + K)
-    N, heads, D = qkv.shape
-    _write_gather(qkv.reshape(N, heads * D), H, K, pool_k.reshape(pool_k.shape[0], K * D),
-                  pool_v.reshape(pool_v.shape[0], K * D), writes, reads, keys.reshape(keys.shape[0], K * D),
-                  values.reshape(values.shape[0], K * D))  # fmt: skip
-
-
-def attention_in(qkv: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
-                 pool_k: torch.Tensor, pool_v: torch.Tensor, writes: torch.Tensor,
-                 reads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """qk_norm_rope_ on qkv [B, T, H + 2K, D], then its keys and values written to their slots
-    `writes` [B * T] of the pools [slots, K, D] and those at `reads` [B, S] gathered: returns (keys,
-    values) [B, K, S, D] (views of [B, S, K, D]). The reference for the pools: engine/cache.py's
-    PagedView.update (index_copy_, index_select)."""
-    B, T, _, D = qkv.shape
-    S, K, R = reads.shape[1], pool_k.shape[1], cos.shape[-1]
-    keys = torch.empty(B, S, K, D, dtype=qkv.dtype)
-    values = torch.empty(B, S, K, D, dtype=qkv.dtype)
-    _attention_in(array(qkv).reshape(B * T, -1, D), array(weight), eps, array(cos).reshape(-1, R),
-                  array(sin).reshape(-1, R), weight.shape[0] - K, K, array(pool_k), array(pool_v), array(writes),
-                  array(reads).reshape(-1), array(keys).reshape(B * S, K, D), array(values).reshape(B * S, K, D))  # fmt: skip
-    return keys.transpose(1, 2), values.transpose(1, 2)
-
-
 def qk_norm_rope_(qkv: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor) -> None:
     """In place on qkv [B, T, heads + K, D] (contiguous): the first `heads` = weight.shape[0] heads (the
     queries', then the keys') RMS-normed over D by their row of weight [heads, D] and rotated by
@@ -157,13 +117,52 @@ def qk_norm_rope_(qkv: torch.Tensor, weight: torch.Tensor, eps: float, cos: torc
                   array(sin).reshape(-1, R), weight.shape[0])  # fmt: skip
 
 
-# --- MoE: routing, grouping by expert, the weighted sum ---------------------------------------------
+@_jit
+def _attention_in(qkv, w, eps, cos, sin, K, pool_k, pool_v, writes, reads):
+    N, heads, D = qkv.shape
+    _qk_norm_rope(qkv, w, eps, cos, sin, w.shape[0])
+    # rows of K * D floats: the pools [slots, K * D], this forward's rows [N, heads * D]
+    KD, at = K * D, (heads - 2 * K) * D
+    rows, pk, pv = qkv.reshape(N, heads * D), pool_k.reshape(-1, KD), pool_v.reshape(-1, KD)
+    for n in range(N):  # this forward's keys and values into their slots
+        slot = writes[n]
+        for j in range(KD):
+            pk[slot, j] = rows[n, at + j]
+            pv[slot, j] = rows[n, at + KD + j]
+    keys = np.empty((reads.shape[0], KD), np.float32)
+    values = np.empty((reads.shape[0], KD), np.float32)
+    for i in range(reads.shape[0]):  # then every visible key and value, gathered
+        slot = reads[i]
+        for j in range(KD):
+            keys[i, j] = pk[slot, j]
+            values[i, j] = pv[slot, j]
+    return keys, values
+
+
+def attention_in(qkv: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                 pool_k: torch.Tensor, pool_v: torch.Tensor, writes: torch.Tensor,
+                 reads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """qk_norm_rope_ on qkv [B, T, H + 2K, D], then its keys and values written to their slots
+    `writes` [B * T] of the pools [slots, K, D] and those at `reads` [B, S] gathered: returns (keys,
+    values) [B, K, S, D] (views of [B, S, K, D]). The reference for the pools: engine/cache.py's
+    PagedView.update (index_copy_, index_select)."""
+    B, T, _, D = qkv.shape
+    S, K, R = reads.shape[1], pool_k.shape[1], cos.shape[-1]
+    keys, values = _attention_in(array(qkv).reshape(B * T, -1, D), array(weight), eps, array(cos).reshape(-1, R),
+                                 array(sin).reshape(-1, R), K, array(pool_k), array(pool_v), array(writes),
+                                 array(reads).reshape(-1))  # fmt: skip
+    return tensor(keys).view(B, S, K, D).transpose(1, 2), tensor(values).view(B, S, K, D).transpose(1, 2)
+
+
+# --- MoE: routing with the grouping by expert, the weighted sum -------------------------------------
 
 
 @_jit
-def _route(scores, bias, n_group, topk_group, top_k, scale, normalise, ids, weights):
+def _route(scores, bias, n_group, topk_group, top_k, scale, normalise, x):
     N, E = scores.shape
     per = E // n_group
+    ids = np.empty((N, top_k), np.int64)
+    weights = np.empty((N, top_k), np.float32)
     biased = np.empty(E, np.float32)
     group = np.empty(n_group, np.float32)
     for n in range(N):
@@ -199,6 +198,26 @@ def _route(scores, bias, n_group, topk_group, top_k, scale, normalise, ids, weig
         for k in range(top_k):
             w = weights[n, k] / (total + np.float32(1e-20)) if normalise else weights[n, k]
             weights[n, k] = w * np.float32(scale)
+    # the tokens grouped by expert, each expert's in token order (a stable sort)
+    start = np.zeros(E + 1, np.int64)
+    for n in range(N):
+        for k in range(top_k):
+            start[ids[n, k] + 1] += 1
+    ends = np.empty(E, np.int32)
+    for e in range(E):
+        start[e + 1] += start[e]
+        ends[e] = start[e + 1]
+    xs = np.empty((N * top_k, x.shape[1]), x.dtype)
+    token_of = np.empty(N * top_k, np.int64)
+    w_sorted = np.empty(N * top_k, np.float32)
+    for n in range(N):
+        for k in range(top_k):
+            row = start[ids[n, k]]
+            start[ids[n, k]] += 1
+            token_of[row] = n
+            w_sorted[row] = weights[n, k]
+            xs[row] = x[n]
+    return ids, xs, token_of, w_sorted, ends
 
 
 def route(scores: torch.Tensor, bias: torch.Tensor, n_group: int, topk_group: int, top_k: int, scale: float,
@@ -209,49 +228,24 @@ def route(scores: torch.Tensor, bias: torch.Tensor, n_group: int, topk_group: in
     [N * A]; ends [E] int32, where each expert's rows end). The references: llada2.Router (the group
     limit, topk, the normalisation, the scale: the same choice and numbers wherever no two scores tie
     exactly) and Experts.sparse's stable argsort."""
-    N, E = scores.shape
-    ids = torch.empty(N, top_k, dtype=torch.int64)
-    weights = torch.empty(N, top_k, dtype=torch.float32)
-    _route(array(scores), array(bias), n_group, topk_group, top_k, scale, normalise, array(ids), array(weights))
-    xs = torch.empty(N * top_k, x.shape[1], dtype=x.dtype)
-    token_of = torch.empty(N * top_k, dtype=torch.int64)
-    w_sorted = torch.empty(N * top_k, dtype=weights.dtype)
-    ends = torch.empty(E, dtype=torch.int32)
-    _group(array(x), array(ids), array(weights), E, array(xs), array(token_of), array(w_sorted), array(ends))
-    return ids, xs, token_of, w_sorted, ends
+    out = _route(array(scores), array(bias), n_group, topk_group, top_k, scale, normalise, array(x))
+    return tuple(tensor(a) for a in out)
 
 
 @_jit
-def _group(x, ids, weights, n_experts, xs, token_of, w_sorted, ends):
-    N, A = ids.shape
-    start = np.zeros(n_experts + 1, np.int64)
-    for n in range(N):
-        for k in range(A):
-            start[ids[n, k] + 1] += 1
-    for e in range(n_experts):
-        start[e + 1] += start[e]
-        ends[e] = start[e + 1]
-    for n in range(N):  # token order within an expert (a stable sort)
-        for k in range(A):
-            row = start[ids[n, k]]
-            start[ids[n, k]] += 1
-            token_of[row] = n
-            w_sorted[row] = weights[n, k]
-            xs[row] = x[n]
-
-
-@_jit
-def _combine(y, token_of, w_sorted, shared, residual, out):
-    N, C = out.shape
+def _combine(y, token_of, w_sorted, shared, residual):
+    N, C = residual.shape
     acc = np.zeros((N, C), np.float32)
     for r in range(y.shape[0]):
         t = token_of[r]
         w = w_sorted[r]
         for c in range(C):
             acc[t, c] += y[r, c] * w
+    out = np.empty_like(residual)
     for n in range(N):
         for c in range(C):
             out[n, c] = residual[n, c] + (acc[n, c] + shared[n, c])
+    return out
 
 
 def combine(y: torch.Tensor, token_of: torch.Tensor, w_sorted: torch.Tensor, shared: torch.Tensor,
@@ -259,6 +253,4 @@ def combine(y: torch.Tensor, token_of: torch.Tensor, w_sorted: torch.Tensor, sha
     """residual + (routed + shared), each [N, C]: the routed sum is each expert row of y [N * A, C]
     times its weight, added to its token's row in the rows' order (Experts.sparse's multiply and
     index_add: the same sums in the same order), then SparseMoE's shared add and the layer's residual."""
-    out = torch.empty_like(residual)
-    _combine(array(y), array(token_of), array(w_sorted), array(shared), array(residual), array(out))
-    return out
+    return tensor(_combine(array(y), array(token_of), array(w_sorted), array(shared), array(residual)))
