@@ -114,16 +114,20 @@ def test_route_chooses_and_groups_as_the_router_and_the_sparse_path(experts, gro
     x = torch.randn(37, config.hidden_size)
     with torch.no_grad():
         want_ids, want_weights = router(x)
-        scores = torch.sigmoid(F.linear(x, router.weight))
-        ids, xs, token_of, w_sorted, ends = cpu.route(scores, router.expert_bias, groups, kept, top_k, router.scale,
+        logits = F.linear(x, router.weight)
+        ids, xs, token_of, w_sorted, ends = cpu.route(logits, router.expert_bias, groups, kept, top_k, router.scale,
                                                       normalise, x)  # fmt: skip
+        _, with_shared, _, _, shared_ends = cpu.route(logits, router.expert_bias, groups, kept, top_k, router.scale,
+                                                      normalise, x, shared=True)  # fmt: skip
     assert torch.equal(ids, want_ids)
     flat = ids.flatten()
     order = flat.argsort(stable=True)
     assert torch.equal(token_of, order // top_k)
     assert torch.equal(xs, x[order // top_k])
-    torch.testing.assert_close(w_sorted, want_weights.flatten()[order], rtol=0, atol=0)
+    torch.testing.assert_close(w_sorted, want_weights.flatten()[order], **TIGHT)  # (its own sigmoid)
     assert torch.equal(ends, torch.bincount(flat, minlength=experts).cumsum(0).int())
+    assert torch.equal(with_shared, torch.cat([xs, x]))  # the shared expert's group: every token, last
+    assert torch.equal(shared_ends, torch.cat([ends, torch.tensor([len(xs) + len(x)], dtype=torch.int32)]))
 
 
 def test_combine_is_the_index_add_then_the_shared_and_residual_adds():
@@ -147,6 +151,8 @@ def test_flat_layers_are_the_modules(shared):
     model = small_model(small_config(num_shared_experts=shared))
     plain = modules_only(model)
     assert all(layer.fused is not None for layer in model.model.layers)
+    with torch.no_grad():
+        assert (model.model.layers[1].mlp.joint_weights() is not None) == bool(shared)  # the shared expert joined
     ids = torch.randint(2, 160, (2, 40), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         torch.testing.assert_close(model(ids), plain(ids), rtol=1e-4, atol=1e-4)
@@ -174,7 +180,10 @@ def test_flat_layers_follow_the_weights():
     with torch.inference_mode():
         torch.testing.assert_close(model(ids), want(ids), rtol=1e-4, atol=1e-4)
     experts = model.model.layers[1].mlp.experts
-    experts.w_up.data = experts.w_up.data * 2.0
+    with torch.no_grad():
+        assert model.model.layers[1].mlp.joint_weights() is not None
+        experts.w_up.data = experts.w_up.data * 2.0
+        assert model.model.layers[1].mlp.joint_weights() is None  # no longer the parameters' storage
     model.model.layers[0].mlp.up_proj.weight.data = model.model.layers[0].mlp.up_proj.weight.data.contiguous()
     want = modules_only(model)
     with torch.inference_mode():

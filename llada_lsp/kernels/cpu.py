@@ -158,8 +158,12 @@ def attention_in(qkv: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
 
 
 @_jit
-def _route(scores, bias, n_group, topk_group, top_k, scale, normalise, x):
-    N, E = scores.shape
+def _route(logits, bias, n_group, topk_group, top_k, scale, normalise, x, shared):
+    N, E = logits.shape
+    scores = np.empty_like(logits)
+    for n in range(N):
+        for e in range(E):
+            scores[n, e] = np.float32(1.0) / (np.float32(1.0) + np.exp(-logits[n, e]))
     per = E // n_group
     ids = np.empty((N, top_k), np.int64)
     weights = np.empty((N, top_k), np.float32)
@@ -203,11 +207,14 @@ def _route(scores, bias, n_group, topk_group, top_k, scale, normalise, x):
     for n in range(N):
         for k in range(top_k):
             start[ids[n, k] + 1] += 1
-    ends = np.empty(E, np.int32)
+    ends = np.empty(E + shared, np.int32)
     for e in range(E):
         start[e + 1] += start[e]
         ends[e] = start[e + 1]
-    xs = np.empty((N * top_k, x.shape[1]), x.dtype)
+    xs = np.empty((N * top_k + N * shared, x.shape[1]), x.dtype)
+    if shared:  # every token once more, after the routed rows: the shared expert's group
+        ends[E] = N * top_k + N
+        xs[N * top_k :] = x
     token_of = np.empty(N * top_k, np.int64)
     w_sorted = np.empty(N * top_k, np.float32)
     for n in range(N):
@@ -220,15 +227,16 @@ def _route(scores, bias, n_group, topk_group, top_k, scale, normalise, x):
     return ids, xs, token_of, w_sorted, ends
 
 
-def route(scores: torch.Tensor, bias: torch.Tensor, n_group: int, topk_group: int, top_k: int, scale: float,
-          normalise: bool, x: torch.Tensor):  # fmt: skip
-    """LLaDA2.1's group-limited top-k on sigmoid scores [N, E] (float32), then the tokens x [N, C]
-    grouped by expert for grouped GEMMs. Returns (expert ids [N, top_k] int64, best first; xs [N * A, C]
-    in expert order, each expert's rows in token order; token_of [N * A]; each row's routing weight
-    [N * A]; ends [E] int32, where each expert's rows end). The references: llada2.Router (the group
-    limit, topk, the normalisation, the scale: the same choice and numbers wherever no two scores tie
-    exactly) and Experts.sparse's stable argsort."""
-    out = _route(array(scores), array(bias), n_group, topk_group, top_k, scale, normalise, array(x))
+def route(logits: torch.Tensor, bias: torch.Tensor, n_group: int, topk_group: int, top_k: int, scale: float,
+          normalise: bool, x: torch.Tensor, shared: bool = False):  # fmt: skip
+    """LLaDA2.1's group-limited top-k on the router's logits [N, E] (float32; their sigmoid scores it),
+    then the tokens x [N, C] grouped by expert for grouped GEMMs. Returns (expert ids [N, top_k] int64,
+    best first; xs [N * A, C] in expert order, each expert's rows in token order; token_of [N * A];
+    each row's routing weight [N * A]; ends [E] int32, where each expert's rows end). With `shared`,
+    xs ends with x itself, the shared expert's group (ends [E + 1]). The references: llada2.Router (the
+    sigmoid, the group limit, topk, the normalisation, the scale: the same choice wherever no two
+    scores tie within a rounding, the same weights within one) and Experts.sparse's stable argsort."""
+    out = _route(array(logits), array(bias), n_group, topk_group, top_k, scale, normalise, array(x), shared)
     return tuple(tensor(a) for a in out)
 
 

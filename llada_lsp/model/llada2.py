@@ -435,6 +435,28 @@ class SparseMoE(nn.Module):
         )
         self.force: str | None = None  # "dense" / "sparse" / "fused" for tests and benchmarks; None = auto
 
+    # cpu_layout's storage of the routed experts and the shared one as a last expert: (gate_up [E + 1, C, 2I],
+    # down [E + 1, I, C]), which the parameters are views of; None: none made
+    joint: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def joint_weights(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`joint` while it still is the storage of every expert's weights (a `.to()` or a replaced
+        `.data` makes new ones), else None."""
+        if self.joint is None:
+            return None
+        gate_up, down = self.joint
+        experts, shared = self.experts, self.shared_experts
+        if (
+            fused_gate_up(experts.gate_up, experts.w_gate, experts.w_up) is None
+            or fused_gate_up(shared.gate_up, shared.gate_proj.weight, shared.up_proj.weight) is None
+            or experts.gate_up.data_ptr() != gate_up.data_ptr()
+            or shared.gate_up.data_ptr() != gate_up[-1].data_ptr()
+            or experts.w_down.data_ptr() != down.data_ptr()
+            or shared.down_proj.weight.data_ptr() != down[-1].data_ptr()
+        ):
+            return None
+        return self.joint
+
     def mode(self, x: torch.Tensor) -> str:
         """Which Experts path runs for x [B, T, C]: `force`, else the kernel where the switch allows it
         (for these weights on this GPU), else the torch path."""
@@ -505,6 +527,7 @@ class CPULayer:
         moe = isinstance(mlp, SparseMoE)
         self.mlp = mlp.shared_experts if moe else mlp  # the dense MLP, or the shared expert (None: none)
         self.router = mlp.gate if moe else None
+        self.moe = mlp if moe else None
         self.experts = mlp.experts if moe else None
         self.expert_ids: torch.Tensor | None = None  # the last forward's routing [N, A] (benchmarks read it)
 
@@ -527,10 +550,15 @@ class CPULayer:
         h = cpu.rms_norm(x, self.w_post, self.eps)
         if self.router is None:  # the dense MLP
             return self.swiglu(h, self.mlp, x).view(B, T, C)
-        r = self.router
-        scores = torch.sigmoid(F.linear(h, r.weight))
-        self.expert_ids, xs, token_of, w_sorted, ends = cpu.route(scores, r.expert_bias, r.n_group, r.topk_group,
-                                                                  r.top_k, r.scale, r.normalise, h)  # fmt: skip
+        r, joint = self.router, self.moe.joint_weights()
+        self.expert_ids, xs, token_of, w_sorted, ends = cpu.route(
+            F.linear(h, r.weight), r.expert_bias, r.n_group, r.topk_group, r.top_k, r.scale, r.normalise, h,
+            shared=joint is not None)  # fmt: skip
+        if joint is not None:  # the shared expert is the grouped GEMMs' last group (cpu_layout's joint storage)
+            gate, up = GROUPED_MM(xs, joint[0], offs=ends).chunk(2, dim=-1)
+            y = GROUPED_MM(F.silu(gate) * up, joint[1], offs=ends)
+            routed = len(token_of)
+            return cpu.combine(y[:routed], token_of, w_sorted, y[routed:], x).view(B, T, C)
         experts = self.experts
         shared = self.swiglu(h, self.mlp) if self.mlp is not None else torch.zeros_like(x)
         both = fused_gate_up(experts.gate_up, experts.w_gate, experts.w_up)
@@ -662,7 +690,8 @@ def cpu_layout(model: LLaDA2) -> None:
     """Stores the weights as a CPU GEMM reads them fastest, values and shapes unchanged: each matrix
     [out, in] becomes the transposed view of a contiguous [in, out] one (F.linear then multiplies by a
     contiguous right-hand side: about a quarter faster here at a step's shapes), and each SwiGLU's gate
-    and up share one [in, 2 * inner] storage (`gate_up`), which its forward multiplies in one GEMM.
+    and up share one [in, 2 * inner] storage (`gate_up`), which its forward multiplies in one GEMM; a
+    shared expert as wide as a routed one is stored as the routed experts' last (joint_storage).
     FP8 experts keep their layout. Saving copies every weight contiguous (loader.save_model). Each layer
     also gets its flat inference forward (`fused`, a CPULayer), which LLaDA2.forward runs where the CPU
     kernels' switch is on."""
@@ -683,14 +712,37 @@ def cpu_layout(model: LLaDA2) -> None:
         for module in model.modules():
             if isinstance(module, nn.Linear) and module.weight.is_contiguous():
                 module.weight.data = module.weight.T.contiguous().T
-    # The flat forward of each layer (CPULayer), for every layer or none: not for LLaDA2.2's block
-    # routing or FP8 experts (their modules' paths run)
+        for module in model.modules():
+            if isinstance(module, SparseMoE):
+                joint_storage(module)
     if not isinstance(model, LLaDA2):
         return
+    # The flat forward of each layer (CPULayer), for every layer or none: not for LLaDA2.2's block
+    # routing or FP8 experts (their modules' paths run)
     layers = model.model.layers
     plain = all(not isinstance(layer.mlp, SparseMoE) or type(layer.mlp.experts) is Experts for layer in layers)
     for layer in layers:
         layer.fused = CPULayer(layer) if cpu.numba is not None and plain and not model.config.block_routing else None
+
+
+def joint_storage(moe: SparseMoE) -> None:
+    """cpu_layout's storage for a sparse MoE whose one shared expert is as wide as a routed one: its
+    weights become the routed experts' last group (SparseMoE.joint), so the CPU layer runs them all in
+    the same two grouped GEMMs; the parameters become views of it, values unchanged."""
+    experts, shared = moe.experts, moe.shared_experts
+    E, I, C = experts.w_gate.shape
+    if shared is None or type(experts) is not Experts or tuple(shared.gate_proj.weight.shape) != (I, C):
+        return
+    gate_up = torch.empty(E + 1, C, 2 * I, dtype=experts.w_gate.dtype, device=experts.w_gate.device)
+    down = torch.empty(E + 1, I, C, dtype=experts.w_down.dtype, device=experts.w_down.device)
+    gate_up[:E, :, :I], gate_up[:E, :, I:] = experts.w_gate.transpose(1, 2), experts.w_up.transpose(1, 2)
+    gate_up[E, :, :I], gate_up[E, :, I:] = shared.gate_proj.weight.T, shared.up_proj.weight.T
+    down[:E], down[E] = experts.w_down.transpose(1, 2), shared.down_proj.weight.T
+    experts.w_gate.data, experts.w_up.data = gate_up[:E, :, :I].transpose(1, 2), gate_up[:E, :, I:].transpose(1, 2)
+    experts.w_down.data, experts.gate_up = down[:E].transpose(1, 2), gate_up[:E]
+    shared.gate_proj.weight.data, shared.up_proj.weight.data = gate_up[E, :, :I].T, gate_up[E, :, I:].T
+    shared.down_proj.weight.data, shared.gate_up = down[E].T, gate_up[E]
+    moe.joint = gate_up, down
 
 
 def fused_gate_up(both: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
