@@ -438,24 +438,17 @@ class SparseMoE(nn.Module):
     # cpu_layout's storage of the routed experts and the shared one as a last expert: (gate_up [E + 1, C, 2I],
     # down [E + 1, I, C]), which the parameters are views of; None: none made
     joint: tuple[torch.Tensor, torch.Tensor] | None = None
+    joint_pointers: tuple[int, ...] = ()  # where each weight starts in it (joint_weights' check)
 
     def joint_weights(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """`joint` while it still is the storage of every expert's weights (a `.to()` or a replaced
-        `.data` makes new ones), else None."""
+        `.data` makes new ones), else None: six pointers compared, no op dispatched."""
         if self.joint is None:
             return None
-        gate_up, down = self.joint
         experts, shared = self.experts, self.shared_experts
-        if (
-            fused_gate_up(experts.gate_up, experts.w_gate, experts.w_up) is None
-            or fused_gate_up(shared.gate_up, shared.gate_proj.weight, shared.up_proj.weight) is None
-            or experts.gate_up.data_ptr() != gate_up.data_ptr()
-            or shared.gate_up.data_ptr() != gate_up[-1].data_ptr()
-            or experts.w_down.data_ptr() != down.data_ptr()
-            or shared.down_proj.weight.data_ptr() != down[-1].data_ptr()
-        ):
-            return None
-        return self.joint
+        now = (experts.w_gate.data_ptr(), experts.w_up.data_ptr(), experts.w_down.data_ptr(),
+               shared.gate_proj.weight.data_ptr(), shared.up_proj.weight.data_ptr(), shared.down_proj.weight.data_ptr())  # fmt: skip
+        return self.joint if now == self.joint_pointers else None
 
     def mode(self, x: torch.Tensor) -> str:
         """Which Experts path runs for x [B, T, C]: `force`, else the kernel where the switch allows it
@@ -743,6 +736,8 @@ def joint_storage(moe: SparseMoE) -> None:
     shared.gate_proj.weight.data, shared.up_proj.weight.data = gate_up[E, :, :I].T, gate_up[E, :, I:].T
     shared.down_proj.weight.data, shared.gate_up = down[E].T, gate_up[E]
     moe.joint = gate_up, down
+    moe.joint_pointers = tuple(w.data_ptr() for w in (experts.w_gate, experts.w_up, experts.w_down, shared.gate_proj.weight,
+                                                      shared.up_proj.weight, shared.down_proj.weight))  # fmt: skip
 
 
 def fused_gate_up(both: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
