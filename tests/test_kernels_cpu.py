@@ -204,3 +204,17 @@ def test_the_switch():
         small_config(block_size=32, expert_capacity=4, delete_token_id=150, split_token_id=151)
     )
     assert all(layer.fused is None for layer in routed_per_block.model.layers)  # LLaDA2.2: the modules
+
+
+def test_loading_compiles_what_a_step_runs():
+    """cpu_layout's warm-up compiles every kernel for the types a step passes: a generation afterwards
+    compiles nothing more (a first answer would otherwise wait seconds for numba)."""
+    from llada_lsp.engine import Engine
+    from llada_lsp.model import load_model
+
+    model = load_model(None, device="cpu", dtype=torch.float32)
+    kernels = [cpu._rms_norm, cpu._qk_norm_rope, cpu._attention_in, cpu._route, cpu._combine]
+    before = [list(k.signatures) for k in kernels]
+    assert all(before)
+    Engine(model).generation(prompt_ids=list(range(10, 200)), gen_length=40, policy="speed").run()
+    assert [list(k.signatures) for k in kernels] == before

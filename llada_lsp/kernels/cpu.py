@@ -10,7 +10,9 @@ Knows nothing of modules, checkpoints or decoding policy.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 
 import numpy as np
 import torch
@@ -262,3 +264,26 @@ def combine(y: torch.Tensor, token_of: torch.Tensor, w_sorted: torch.Tensor, sha
     times its weight, added to its token's row in the rows' order (Experts.sparse's multiply and
     index_add: the same sums in the same order), then SparseMoE's shared add and the layer's residual."""
     return tensor(_combine(array(y), array(token_of), array(w_sorted), array(shared), array(residual)))
+
+
+log = logging.getLogger(__name__)
+
+
+def warm_up() -> None:
+    """Runs every kernel once on tiny inputs of the types a step passes: the first process on a machine
+    compiles them (seconds; numba caches the result on disk), later ones load them. cpu_layout calls
+    it, so the cost falls in the model's load (a server is still "loading" then), not in a first answer."""
+    started = time.perf_counter()
+    with torch.inference_mode():
+        x, w = torch.ones(2, 4), torch.ones(4)
+        rms_norm(x, w, 1e-6)
+        qkv, weight, table = torch.ones(1, 2, 4, 4), torch.ones(2, 4), torch.ones(2, 2)
+        qk_norm_rope_(qkv, weight, 1e-6, table, table)
+        pool = torch.zeros(4, 1, 4)
+        attention_in(qkv, weight, 1e-6, table, table, pool, pool.clone(), torch.arange(2), torch.arange(3)[None])
+        for shared in (False, True):
+            ids, xs, token_of, w_sorted, ends = route(torch.ones(2, 4), torch.zeros(4), 2, 1, 2, 2.5, True, x, shared)
+        combine(xs[: len(token_of)], token_of, w_sorted, x, x)
+    seconds = time.perf_counter() - started
+    if seconds > 1.0:
+        log.info("compiled the CPU kernels in %.1f s (once on this machine: numba keeps them on disk)", seconds)

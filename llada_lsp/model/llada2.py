@@ -714,8 +714,11 @@ def cpu_layout(model: LLaDA2) -> None:
     # routing or FP8 experts (their modules' paths run)
     layers = model.model.layers
     plain = all(not isinstance(layer.mlp, SparseMoE) or type(layer.mlp.experts) is Experts for layer in layers)
+    fused = cpu.numba is not None and plain and not model.config.block_routing
     for layer in layers:
-        layer.fused = CPULayer(layer) if cpu.numba is not None and plain and not model.config.block_routing else None
+        layer.fused = CPULayer(layer) if fused else None
+    if fused and cpu.ON:
+        cpu.warm_up()
 
 
 def joint_storage(moe: SparseMoE) -> None:
