@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..kernels import cpu_step
 from ..model import LLaDA2Config
 
 SCRATCH = 0  # page 0 is never handed out: padding queries write there, padding keys read from there
@@ -260,9 +261,18 @@ def all_visible(rows: list[tuple[list[int], int, int]], width: int, bs: int) -> 
 def paged_tables(rows: torch.Tensor, width: int, S: int, bs: int, visible: bool):
     """rows [B, 2 + ceil(S/bs)] int64 on the device (row_descriptor's layout) -> (positions [B, T],
     writes [B * T], reads [B, S] slots, allow [B, 1, T, S] bool or None when `visible`, real [B, T]
-    bool: the queries that are not left padding, which LLaDA2.2's block routing reads): static shapes
-    for static (B, width, S), no host read (a CUDA graph can hold it). Padding queries sit at position
-    0 and write to the scratch page; keys past a row's end read the scratch page and are masked."""
+    bool: the queries that are not left padding, which LLaDA2.2's block routing reads). Padding queries
+    sit at position 0 and write to the scratch page; keys past a row's end read the scratch page and
+    are masked. On the CPU one host kernel call makes them (cpu_step.paged_tables: a dozen torch ops
+    cost more than the loops); elsewhere, and under torch.compile, `device_tables`."""
+    if cpu_step.host_enabled(rows):
+        return cpu_step.paged_tables(rows.numpy(), width, S, bs, visible, SCRATCH)
+    return device_tables(rows, width, S, bs, visible)
+
+
+def device_tables(rows: torch.Tensor, width: int, S: int, bs: int, visible: bool):
+    """paged_tables with torch ops: static shapes for static (B, width, S), no host read (a CUDA graph
+    can hold it)."""
     B = rows.shape[0]
     starts, ends, table = rows[:, 0], rows[:, 1], rows[:, 2:]
     keys = torch.arange(S, device=rows.device)
@@ -291,8 +301,8 @@ class PagedView:
         # A split model's pool: the slot tables once more on each other device that holds layers.
         # The keys are gathered by index_select over the flat slots (on the CPU about 4x faster than
         # advanced indexing at a step's 500 keys).
-        self.tables = {d: (writes.to(d, non_blocking=True), reads.flatten().to(d, non_blocking=True))
-                       for d in cache.devices}  # fmt: skip
+        flat = reads.flatten()
+        self.tables = {d: (moved(writes, d), moved(flat, d)) for d in cache.devices}
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [B, K, T, D] -> every row's visible keys and values [B, K, S, D]."""
@@ -316,3 +326,8 @@ class PagedView:
         pool_k.index_copy_(0, writes, k.transpose(1, 2).reshape(B * T, K, D))
         pool_v.index_copy_(0, writes, v.transpose(1, 2).reshape(B * T, K, D))
         return pool_k, pool_v
+
+
+def moved(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """t on `device`: itself where it is there already (no op dispatched), else a non-blocking copy."""
+    return t if t.device == device else t.to(device, non_blocking=True)

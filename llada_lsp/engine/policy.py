@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import kernels
+from ..kernels import cpu, cpu_step
 
 
 def step_guesses(logits: torch.Tensor, mask_id: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,9 +61,13 @@ def _cpu_guesses(logits: torch.Tensor, mask_id: int | torch.Tensor) -> tuple[tor
     (with its first index) gives the logsumexp's shift and, wherever the mask is not the row's first
     maximum, the answer; only rows whose first maximum is the mask (a host read: cheap on the CPU) are
     searched again without it. The denominator is torch's own logsumexp, step for step (amax, shift,
-    exp, sum, log, add), so the confidence is bit-identical to the reference's."""
+    exp, sum, log, add), so the confidence is bit-identical to the reference's. Where the CPU kernels
+    run (kernels/cpu.py's switch), the same passes with the searches in one numba call (cpu_step.guesses)."""
     wide = torch.promote_types(logits.dtype, torch.float32)
     logits = logits if logits.dtype == wide else logits.to(wide)
+    if cpu.enabled(logits) and logits.is_contiguous():  # the same passes, the searches in one kernel call
+        conf, token = cpu_step.guesses(logits, mask_id)
+        return torch.from_numpy(conf), torch.from_numpy(token)
     top, token = first_max(logits)  # [...]: NaN where the row holds one, the mask included
     shift = top.nan_to_num(nan=float("nan"), posinf=0.0, neginf=0.0)  # amax's, where it is finite
     total = torch.sub(logits, shift[..., None]).exp_().sum(-1).log_().add_(shift)  # [...]

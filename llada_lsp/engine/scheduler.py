@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import kernels
 from ..errors import BadLogits, Busy, TooLong
+from ..kernels import cpu, cpu_step
 from ..model import LLaDA2, llada2
 from .cache import (
     SCRATCH,
@@ -309,32 +311,25 @@ class Scheduler:
         static shapes for static (B, width, S, D), no host read, so torch.compile traces it whole and a
         CUDA graph can hold it (tests/test_gpu_step.py checks both). D is a block, or more when a row
         checks a draft ahead (Sequence.ahead); a row that decides fewer positions has its first `outside`
-        of the D frozen and never masked, so no step rule reaches them, and their decisions are dropped."""
-        bs = self.block_size
+        of the D frozen and never masked, so no step rule reaches them, and their decisions are dropped.
+        On the CPU (not under torch.compile) the tables are made on the host and, where the CPU kernels
+        run, the decisions in numba (kernels/cpu_step.py): the same numbers in fewer torch ops."""
         ids = ints[:, :width]  # [B, T]
-        frozen_n, mask_ids, at, outside = (ints[:, width + i] for i in range(4))  # [B] each
-        view = PagedView(self.cache, *paged_tables(ints[:, width + 4 :], width, S, bs, visible))
+        view = PagedView(self.cache, *paged_tables(ints[:, width + 4 :], width, S, self.block_size, visible))
         view.packed = varlen
         logits = self.model(ids, kv=view, last_n=D)  # [B, D, V]
         if allowed is not None:
-            constrain_first(logits, allowed, at)
+            constrain_first(logits, allowed, ints[:, width + 2])
         if self.indel:  # LLaDA2.2: the rule runs on the host over each position's ranked candidates
             cand_ids, cand_p = indel_candidates(logits, self.indel_k)  # [B, D, K] each
-            theirs = torch.arange(D, device=ints.device)[None, :] >= outside[:, None]  # [B, D]: the row's own
+            theirs = torch.arange(D, device=ints.device)[None, :] >= ints[:, width + 3, None]  # [B, D]: the row's own
             finite = (cand_p[..., 0].isfinite() | ~theirs).all(1, keepdim=True).long()
             bits = cand_p.double().contiguous().view(torch.int64)  # exact probabilities through the one host read
             return torch.cat([cand_ids.flatten(1), bits.flatten(1), finite], dim=1)
-        slot = torch.arange(D, device=ints.device)[None, :] - outside[:, None]  # [B, D]: < 0 outside the row's
-        frozen = (slot < 0) | (slot < frozen_n[:, None])  # and its prompt positions
-        tokens = ids[:, -D:]
-        tokens = torch.where(
-            (slot < 0) & (tokens == mask_ids[:, None]), (mask_ids[:, None] + 1) % self.inputs.vocab, tokens
-        )
-        update = joint_threshold(tokens, logits, frozen, mask_ids, limits[:, 0], limits[:, 1])
-        # a NaN or +inf logit makes its softmax NaN (outside a row's decisions: padding, never read)
-        finite = (update.confidence.isfinite() | (slot < 0)).all(1, keepdim=True).long()
-        confidence = (update.confidence.nan_to_num(0.0).clamp(0.0, 1.0) * CONFIDENCE_SCALE).long()
-        return torch.cat([update.tokens, update.filled.long(), update.edited.long(), confidence, finite], dim=1)
+        # the CPU: the rule's searches and decisions in numba (the fused Triton rule first, where it runs)
+        if cpu.enabled(logits) and not kernels.enabled(logits) and logits.is_contiguous():
+            return cpu_step.packed_decisions(ints, width, D, logits, limits, self.inputs.vocab, CONFIDENCE_SCALE)
+        return packed_decisions(ints, width, D, logits, limits, self.inputs.vocab)
 
     def _graphed(self, ints, limits, allowed, width: int, S: int, visible: bool, D: int) -> torch.Tensor:
         """_device_step replayed from the CUDA graph of its shapes, captured on first use (after two
@@ -374,6 +369,23 @@ def key_bucket(n: int) -> int:
     return -(-n // step) * step
 
 
+def packed_decisions(ints: torch.Tensor, width: int, D: int, logits: torch.Tensor, limits: torch.Tensor,
+                     vocab: int) -> torch.Tensor:  # fmt: skip
+    """The joint-threshold rule over the last D queries of each row -> [B, 4D + 1] int64: tokens, filled,
+    edited, confidence in millionths, all-finite (StepInputs' `ints` and `limits`, logits [B, D, V]).
+    Static shapes, no host read: the device's path, and the reference of kernels/cpu_step.py's."""
+    frozen_n, mask_ids, outside = ints[:, width], ints[:, width + 1], ints[:, width + 3]  # [B] each
+    slot = torch.arange(D, device=ints.device)[None, :] - outside[:, None]  # [B, D]: < 0 outside the row's
+    frozen = (slot < 0) | (slot < frozen_n[:, None])  # and its prompt positions
+    tokens = ints[:, width - D : width]
+    tokens = torch.where((slot < 0) & (tokens == mask_ids[:, None]), (mask_ids[:, None] + 1) % vocab, tokens)
+    update = joint_threshold(tokens, logits, frozen, mask_ids, limits[:, 0], limits[:, 1])
+    # a NaN or +inf logit makes its softmax NaN (outside a row's decisions: padding, never read)
+    finite = (update.confidence.isfinite() | (slot < 0)).all(1, keepdim=True).long()
+    confidence = (update.confidence.nan_to_num(0.0).clamp(0.0, 1.0) * CONFIDENCE_SCALE).long()
+    return torch.cat([update.tokens, update.filled.long(), update.edited.long(), confidence, finite], dim=1)
+
+
 def constrain_first(logits: torch.Tensor, allowed: torch.Tensor, at: torch.Tensor) -> None:
     """logits [B, N, V] in place: row b's position at[b] keeps only the ids allowed[b] [V] allows
     (token healing); at[b] < 0: row b has no such position. Static shapes, no host read."""
@@ -394,13 +406,15 @@ class StepInputs:
     def __init__(self, device: torch.device, vocab: int):
         self.device, self.vocab = torch.device(device), vocab
         self.pin = self.device.type == "cuda"
-        self.buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.buffers: dict[tuple, tuple] = {}  # (name, shape) -> _buffers' triple
 
-    def _pair(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _buffers(self, name: str, shape: tuple[int, ...], dtype: torch.dtype):
+        """(host buffer, its device twin, the host buffer's numpy view) of `name` at `shape`: the host's
+        values are written through the view (no torch op), the device twin read by the step."""
         key = (name, shape)
         if key not in self.buffers:
             host = torch.zeros(shape, dtype=dtype, pin_memory=self.pin)
-            self.buffers[key] = (host, host.to(self.device) if self.device.type != "cpu" else host)
+            self.buffers[key] = (host, host.to(self.device) if self.device.type != "cpu" else host, host.numpy())
         return self.buffers[key]
 
     def fill(self, rows: list[_Entry], spans, width: int, S: int, B: int, constrained: bool, D: int,
@@ -411,8 +425,8 @@ class StepInputs:
         (Scheduler._device_step)."""
         bs = rows[0].seq.bs
         n_pages = -(-S // bs)
-        ints_h, ints_d = self._pair("ints", (B, width + 4 + 2 + n_pages), torch.int64)
-        limits_h, limits_d = self._pair("limits", (B, 2), torch.float32)
+        ints_h, ints_d, ints_np = self._buffers("ints", (B, width + 4 + 2 + n_pages), torch.int64)
+        limits_h, limits_d, limits_np = self._buffers("limits", (B, 2), torch.float32)
         table = []
         for entry, (start, hi), skip in zip(rows, spans, outside):
             seq = entry.seq
@@ -424,16 +438,16 @@ class StepInputs:
         scratch = row_descriptor([SCRATCH] * n_pages, 0, width, n_pages, bs)
         pad = [0] * width + [D, rows[0].seq.settings.mask_id, -1, 0, *scratch]
         table += [pad] * (B - len(rows))
-        ints_h.copy_(torch.tensor(table))
+        ints_np[...] = table
         policies = [entry.seq.settings.policy for entry in rows]
         limits = [[p.threshold, p.editing_threshold] for p in policies] + [[1.0, 1.0]] * (B - len(rows))
-        limits_h.copy_(torch.tensor(limits))
+        limits_np[...] = limits  # float32: rounded as torch.tensor rounds them
         if ints_d is not ints_h:
             ints_d.copy_(ints_h, non_blocking=True)
             limits_d.copy_(limits_h, non_blocking=True)
         if not constrained:
             return ints_d, limits_d, None
-        _, allowed = self._pair("allowed", (B, self.vocab), torch.bool)
+        allowed = self._buffers("allowed", (B, self.vocab), torch.bool)[1]
         for r, entry in enumerate(rows):
             if entry.seq.allowed_row is not None:
                 allowed[r].copy_(entry.seq.settings.first_allowed, non_blocking=True)  # device to device

@@ -1,0 +1,216 @@
+"""CPU kernels (numba) for the engine's work around a denoising step's forward: the step's slot tables
+and mask, the step rule's argmax from its chunk maxima, and the joint-threshold decisions packed as the
+scheduler reads them. At a step's sizes each replaces a dozen torch ops that cost more to dispatch
+than to compute.
+
+Their references are the engine's torch paths (cache.device_tables; policy.first_max and the mask
+search of _cpu_guesses; scheduler.packed_decisions), which stay the path on every other device;
+tests/test_cpu_step.py holds these to them. The tables run where `host_enabled(rows)` says so, the
+rule where `cpu.enabled(logits)` does. Bulk passes over the logits stay in torch (see cpu.py). Knows
+nothing of sequences, the cache's pages or the model.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from .cpu import numba
+
+
+def _jit(fn):
+    """numba.njit with the on-disk cache (one compile per machine, a load per process after)."""
+    return numba.njit(cache=True, nogil=True)(fn) if numba is not None else fn
+
+
+def host_enabled(t: torch.Tensor) -> bool:
+    """Whether the host kernels (integer work, no activations) run for t: a CPU tensor, numba present,
+    not under torch.compile, unless LLADA_LSP_KERNELS=0 (cpu.enabled's switch)."""
+    return (
+        numba is not None
+        and t.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and os.environ.get("LLADA_LSP_KERNELS", "1") != "0"
+    )
+
+
+# --- the step's slot tables ---------------------------------------------------------------------------
+
+
+@_jit
+def _tables_kernel(rows, width, bs, scratch, positions, writes, reads, real, allow):
+    B, S = reads.shape
+    for b in range(B):
+        start, end = rows[b, 0], rows[b, 1]
+        for k in range(S):
+            reads[b, k] = rows[b, 2 + k // bs] * bs + k % bs
+        for t in range(width):
+            p = end - width + t  # right-aligned queries; left padding sits at 0 and writes to scratch
+            pad = p < start
+            if pad:
+                p = 0
+            positions[b, t] = p
+            writes[b * width + t] = scratch * bs if pad else reads[b, p]
+            real[b, t] = not pad
+            if allow.shape[0]:
+                for k in range(S):
+                    allow[b, 0, t, k] = k // bs <= p // bs and k < end
+
+
+def paged_tables(rows: np.ndarray, width: int, S: int, bs: int, visible: bool, scratch: int):
+    """cache.paged_tables from the rows on the host (numpy int64, row_descriptor's layout; `scratch` the
+    scratch page): the same tensors as cache.device_tables', made in one kernel call."""
+    B = rows.shape[0]
+    positions, writes = np.empty((B, width), dtype=np.int64), np.empty(B * width, dtype=np.int64)
+    reads, real = np.empty((B, S), dtype=np.int64), np.empty((B, width), dtype=np.bool_)
+    allow = np.empty((0 if visible else B, 1, width, S), dtype=np.bool_)
+    _tables_kernel(rows, width, bs, scratch, positions, writes, reads, real, allow)
+    return (torch.from_numpy(positions), torch.from_numpy(writes), torch.from_numpy(reads),
+            None if visible else torch.from_numpy(allow), torch.from_numpy(real))  # fmt: skip
+
+
+# --- the step rule's argmax -------------------------------------------------------------------------
+
+
+@_jit
+def _row_first_max(x, lo, hi, skip):  # -> (value, index): x[lo:hi]'s max, NaN first, ties to the first
+    best, at = x[lo], lo
+    if lo == skip:
+        best = -np.inf
+    if best != best:
+        return best, at
+    for i in range(lo + 1, hi):
+        v = -np.inf if i == skip else x[i]
+        if v != v:  # NaN: the largest, and the first one wins
+            return v, i
+        if v > best:
+            best, at = v, i
+    return best, at
+
+
+@_jit
+def _first_max_kernel(logits, chunk_max, chunk, masks, per, top, token, shift):
+    """logits [R, V]; chunk_max [R, V / chunk] their chunks' amax; masks[r // per]: row r's mask id ->
+    top, token [R]: the row's first maximum, the mask excluded (searched again where it was the first
+    maximum), top +inf where the row's max is +inf (its confidence is NaN, as the reference's);
+    shift [R]: the logsumexp's shift (the row's max where finite, 0 where infinite, NaN)."""
+    R, V = logits.shape
+    for r in range(R):
+        row = logits[r]
+        best, c = _row_first_max(chunk_max[r], 0, chunk_max.shape[1], -1)
+        at = _row_first_max(row, c * chunk, (c + 1) * chunk, -1)[1]  # NaN: the chunk's first NaN, the row's
+        value = best
+        shift[r] = best if best != np.inf and best != -np.inf else 0.0  # NaN stays NaN
+        mask = masks[r // per]
+        if at == mask:  # the mask is the row's first maximum: its best other id over the whole row
+            other, at = _row_first_max(row, 0, V, mask)
+            if best != np.inf:
+                value = other
+        top[r], token[r] = value, at
+
+
+def guesses(logits: torch.Tensor, mask_id: int | torch.Tensor | np.ndarray,
+            overwrite: bool = False) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """logits [..., V] float32 contiguous -> (confidence, token) [...] as numpy arrays: policy.step_guesses
+    (the mask id, one or one per row of a [B, N, V] batch, kept out of the argmax; the confidence over
+    the whole row, bit for bit). Torch makes the passes over the logits (the chunks' amax, then the
+    logsumexp as torch's own: shift, exp, sum, log, add) and the confidence's exp; one kernel call finds
+    each row's first maximum from its chunks' amax. `overwrite`: the logits are the caller's to lose
+    (left as their exponentials): the shift and exp run in place, one [..., V] buffer less to write."""
+    V = logits.shape[-1]
+    lead = logits.shape[:-1]
+    rows = logits.numpy().reshape(-1, V)
+    R = rows.shape[0]
+    chunk = next((c for c in (128, 64, 32) if V % c == 0 and c < V), V)  # policy.first_max's chunks
+    chunk_max = np.empty((R, V // chunk), dtype=rows.dtype)
+    torch.amax(logits.view(R, V // chunk, chunk), -1, out=torch.from_numpy(chunk_max))
+    masks = np.asarray(mask_id.numpy() if isinstance(mask_id, torch.Tensor) else mask_id, dtype=np.int64).reshape(-1)
+    top, shift = np.empty((*lead, 1), dtype=rows.dtype), np.empty((*lead, 1), dtype=rows.dtype)
+    token = np.empty(lead, dtype=np.int64)
+    _first_max_kernel(rows, chunk_max, chunk, masks, max(1, R // masks.shape[0]), top.reshape(R), token.reshape(R),
+                      shift.reshape(R))  # fmt: skip
+    shift_t = torch.from_numpy(shift)
+    shifted = logits.sub_(shift_t) if overwrite else torch.sub(logits, shift_t)
+    total = shifted.exp_().sum(-1, keepdim=True).log_().add_(shift_t)  # [..., 1]
+    torch.from_numpy(top).sub_(total).exp_()  # top becomes the confidence, in place
+    return top.reshape(lead), token
+
+
+# --- the joint-threshold decisions ------------------------------------------------------------------
+
+
+@_jit
+def _decisions_kernel(ids, head, conf, argmax, limits, vocab, scale, out, masked):
+    """ids [B, D]: each row's last D query ids; head [B, 4]: frozen prompt positions, mask id, (unused),
+    outside; conf [B, D] float32, scale float32; argmax [B, D]; limits [B, 2] float32 (threshold, editing) -> out
+    [B, 4D + 1] (tokens, filled, edited, confidence * scale, all finite), masked [B, D]. Returns, per
+    row, whether its fallback fill needs torch.topk's tie order (no mask above the threshold and its
+    best mask tied or NaN); such a row's fallback is left to the caller."""
+    B, D = ids.shape
+    pending = np.zeros(B, dtype=np.bool_)
+    for b in range(B):
+        frozen_n, mask, outside = head[b, 0], head[b, 1], head[b, 3]
+        fill_above, edit_above = limits[b, 0], limits[b, 1]
+        finite, any_filled, has_nan = 1, False, False
+        best, best_at, tied = np.float32(-1.0), -1, False
+        for d in range(D):
+            slot = d - outside
+            token = ids[b, d]
+            if slot < 0 and token == mask:  # not the row's own: never a mask, so no rule reaches it
+                token = (mask + 1) % vocab
+            c = conf[b, d]
+            is_mask = token == mask
+            masked[b, d] = is_mask
+            filled = is_mask and c > fill_above
+            edited = not is_mask and slot >= 0 and slot >= frozen_n and argmax[b, d] != token and c > edit_above
+            any_filled = any_filled or filled
+            if is_mask:
+                if c != c:
+                    has_nan = True
+                elif c == best:
+                    tied = True
+                elif c > best:
+                    best, best_at, tied = c, d, False
+            out[b, d] = argmax[b, d] if filled or edited else token
+            out[b, D + d] = filled
+            out[b, 2 * D + d] = edited
+            if not np.isfinite(c) and slot >= 0:
+                finite = 0
+            # nan_to_num(0), clamp(0, 1), times the scale: float32 all through, as torch rounds it
+            if c != c or c < np.float32(0.0):
+                c = np.float32(0.0)
+            elif c > np.float32(1.0):
+                c = np.float32(1.0)
+            out[b, 3 * D + d] = np.int64(c * scale)
+        out[b, 4 * D] = finite
+        if any_filled:
+            continue
+        if tied or has_nan:  # torch.topk's order decides among them
+            pending[b] = True
+        elif best_at >= 0:  # the single most confident mask
+            out[b, best_at] = argmax[b, best_at]
+            out[b, D + best_at] = 1
+    return pending
+
+
+def packed_decisions(ints: torch.Tensor, width: int, D: int, logits: torch.Tensor, limits: torch.Tensor,
+                     vocab: int, scale: int) -> torch.Tensor:  # fmt: skip
+    """scheduler.packed_decisions on the CPU: the same [B, 4D + 1] int64 decisions (`ints` and `limits`
+    StepInputs' layout, logits [B, D, V] float32 contiguous, overwritten: the step reads them no more),
+    from `guesses` and one kernel call. A row whose fallback fill is a tie (or NaN) takes torch.topk's
+    choice, as the generic rule does."""
+    host = ints.numpy()
+    ids, head = host[:, width - D : width], host[:, width : width + 4]
+    conf, argmax = guesses(logits, head[:, 1], overwrite=True)  # [B, D] each
+    out = np.empty((ids.shape[0], 4 * D + 1), dtype=np.int64)
+    masked = np.empty(ids.shape, dtype=np.bool_)
+    pending = _decisions_kernel(ids, head, conf, argmax, limits.numpy(), vocab, np.float32(scale), out, masked)
+    if pending.any():  # rare: exact ties (or NaN) among a row's best masks
+        keyed = torch.from_numpy(conf).masked_fill(~torch.from_numpy(masked), -1.0)
+        best = keyed.topk(1, dim=-1).indices[:, 0].numpy()
+        for b in np.flatnonzero(pending):
+            out[b, best[b]] = argmax[b, best[b]]
+            out[b, D + best[b]] = 1
+    return torch.from_numpy(out)
