@@ -1,5 +1,5 @@
 """GPU kernels with plain-PyTorch references (README.md in this folder), and the one switch that says
-when the model and the engine use them. Knows nothing of modules, checkpoints or decoding policy.
+when the model and the engine use them (the CPU's numba kernels have their own, in cpu.py). Knows nothing of modules, checkpoints or decoding policy.
 
 The Triton modules are imported on first use, never here: Triton's interpreter (TRITON_INTERPRET=1,
 the CPU tests) is chosen when a kernel is decorated, so importing them early would fix the mode.

@@ -113,7 +113,8 @@ class RMSNorm(nn.Module):
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., D] normalised over D, times `weight` ([D], or one row per x's second-to-last dim [n, D]).
     A float32 / float64 x takes torch's own kernel, one op instead of seven, with the same numbers
-    (tests/test_step_rule_fast.py holds them equal); a half x is widened for the sum, as before."""
+    (tests/test_step_rule_fast.py holds them equal), or on the CPU in float32 without autograd the
+    numba kernel (kernels/cpu.py, within rounding); a half x is widened for the sum, as before."""
     if x.dtype == compute_dtype(x.dtype):
         if weight.dim() == 1 and cpu.enabled(x) and x.is_contiguous():
             return cpu.rms_norm(x, weight, eps)  # one compiled loop instead of torch's five ops
@@ -658,7 +659,7 @@ class LLaDA2(nn.Module):
         x = self.model.word_embeddings(input_ids)
         fused = self.model.layers[0].fused is not None and not self.hops and cpu.enabled(x)
         if fused:  # each position's row of tables made once (the same numbers: a row is its position's own)
-            cos, sin = (table[positions] for table in self.rope_tables(positions.device))
+            cos, sin = (F.embedding(positions, table) for table in self.rope_tables(positions.device))
         else:
             cos, sin = rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta, self.dtype)
         if positions.dim() == 2:  # per-row positions: [B, T, r] -> [B, 1, T, r], broadcast over heads
