@@ -58,3 +58,25 @@ def test_a_fim_sample_starts_with_the_server_prompt_for_the_same_cursor(codec):
             special.fim_suffix,
             special.fim_middle,
         ]
+
+
+def test_remembered_encodings_are_the_tokenizers(monkeypatch):
+    """encode_batch remembers recent texts (a prompt encodes mostly the same lines on every keystroke):
+    what it returns is the tokenizer's own ids, for repeated and new texts, across a cache emptied
+    when full, and a caller's list changed afterwards leaves the remembered ids alone."""
+    from llada_lsp.model import load_tokenizer
+
+    codec = TextCodec.from_tokenizer(load_tokenizer(None))
+    monkeypatch.setattr(TextCodec, "ENCODED_CACHE", 5)
+
+    def direct(texts):
+        out = codec.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        return [list(ids) for ids in out]
+
+    lines = SOURCE.splitlines(keepends=True) + ["x = 1\n", "    return y\n", "", "\ud800 lone\n"]
+    for batch in (lines, lines[::-1], lines[:2] * 3, [SOURCE, *lines], lines):
+        got = codec.encode_batch(batch)
+        assert got == direct([t.replace("\ud800", "\ufffd") for t in batch])
+        got[0].append(-1)
+        assert codec.encode_batch(batch[:1]) == direct([batch[0].replace("\ud800", "\ufffd")])
+    assert len(codec._encoded) <= 5 + len(lines) + 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -35,6 +35,10 @@ class TextCodec:
     tokenizer: Any
     special: SpecialIds
     stop_ids: frozenset[int]  # ids that end a generation: every special id but the mask
+    # text -> ids of the texts encoded lately: a prompt encodes the lines around the cursor and the
+    # window's text on every keystroke, and all but the cursor's line and the window are the same
+    # as the last time (emptied whole when full)
+    _encoded: dict[str, tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> TextCodec:
@@ -47,12 +51,22 @@ class TextCodec:
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0] if text else []
 
+    ENCODED_CACHE = 4096  # texts remembered
+
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         if not texts:
             return []
-        texts = [without_surrogates(text) for text in texts]
-        out = self.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        return [list(ids) for ids in out]
+        known = self._encoded  # (read into `got` first: another thread may empty it meanwhile)
+        got = {t: known.get(t) for t in texts}
+        new = [t for t, ids in got.items() if ids is None]
+        if new:
+            out = self.tokenizer([without_surrogates(t) for t in new], add_special_tokens=False,
+                                 split_special_tokens=True)["input_ids"]  # fmt: skip
+            got.update(zip(new, map(tuple, out)))
+            if len(known) + len(new) > self.ENCODED_CACHE:
+                known.clear()
+            known.update((t, got[t]) for t in new)
+        return [list(got[t]) for t in texts]
 
     def encode_markup(self, text: str) -> list[int]:
         """Template text, whose special tokens (chat roles) must become special ids."""

@@ -121,9 +121,12 @@ class Engine:
         init_ids = list(init_ids or [])
         if len(init_ids) > gen_length:
             raise ValueError(f"{len(init_ids)} init_ids do not fit in gen_length {gen_length}")
-        bad = [t for t in prompt_ids + init_ids if not 0 <= t < config.vocab_size]
-        if bad:
-            raise ValueError(f"prompt id {bad[0]} is outside the vocabulary (size {config.vocab_size})")
+        vocab = config.vocab_size  # (read once: a config attribute is slow, and a prompt has ~1000 ids)
+        if any(
+            not 0 <= t < vocab for t in (min(prompt_ids + init_ids, default=0), max(prompt_ids + init_ids, default=0))
+        ):
+            bad = next(t for t in prompt_ids + init_ids if not 0 <= t < vocab)
+            raise ValueError(f"prompt id {bad} is outside the vocabulary (size {vocab})")
         if edit_ids is not None and any(t in edit_ids for t in init_ids):
             raise ValueError("init_ids hold an edit id (DELETE or INSERT): a draft is text, never an edit")
         allowed = None
