@@ -54,9 +54,10 @@ def _tables_kernel(rows, width, bs, scratch, positions, writes, reads, real, all
             positions[b, t] = p
             writes[b * width + t] = scratch * bs if pad else reads[b, p]
             real[b, t] = not pad
-            if allow.shape[0]:
-                for k in range(S):
-                    allow[b, 0, t, k] = k // bs <= p // bs and k < end
+            if allow.shape[0]:  # keys up to the end of the query's block, and before the row's end
+                seen = min(end, (p // bs + 1) * bs)
+                allow[b, 0, t, :seen] = True
+                allow[b, 0, t, seen:] = False
 
 
 def paged_tables(rows: np.ndarray, width: int, S: int, bs: int, visible: bool, scratch: int):
