@@ -147,10 +147,10 @@ def test_the_engine_rule_takes_the_kernel_on_the_cpu(monkeypatch):
 def step_inputs(rng: random.Random, gen: torch.Generator, B: int, D: int, V: int, scale: float):
     """StepInputs' `ints` and `limits` for B rows deciding D positions, and their logits [B, D, V]: rows
     with prompt positions, drafts checked ahead (`outside` > 0, the mask id among those positions too),
-    left padding, a padding row last, per-row mask ids and thresholds."""
+    queries before the D decided ones on some, a padding row last, per-row mask ids and thresholds."""
     width = D + rng.choice([0, 5])
     ints, limits = [], []
-    for r in range(B - 1):
+    for _ in range(B - 1):
         mask = rng.choice([M, M + 2, V - 1])  # the last id: a draft's mask outside the row wraps to 0
         outside = rng.choice([0, 0, 32]) if D > 32 else 0
         ids = [rng.choice([mask, mask, rng.randrange(V)]) for _ in range(width)]

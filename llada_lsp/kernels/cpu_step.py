@@ -40,7 +40,7 @@ def host_enabled(t: torch.Tensor) -> bool:
 
 
 @_jit
-def _tables_kernel(rows, width, bs, scratch, positions, writes, reads, real, allow):
+def _tables_kernel(rows, width, bs, scratch, positions, writes, reads, real, allow):  # allow [0, ...]: visible
     B, S = reads.shape
     for b in range(B):
         start, end = rows[b, 0], rows[b, 1]
@@ -145,10 +145,10 @@ def guesses(logits: torch.Tensor, mask_id: int | torch.Tensor | np.ndarray,
 @_jit
 def _decisions_kernel(ids, head, conf, argmax, limits, vocab, scale, out, masked):
     """ids [B, D]: each row's last D query ids; head [B, 4]: frozen prompt positions, mask id, (unused),
-    outside; conf [B, D] float32, scale float32; argmax [B, D]; limits [B, 2] float32 (threshold, editing) -> out
-    [B, 4D + 1] (tokens, filled, edited, confidence * scale, all finite), masked [B, D]. Returns, per
-    row, whether its fallback fill needs torch.topk's tie order (no mask above the threshold and its
-    best mask tied or NaN); such a row's fallback is left to the caller."""
+    outside; conf [B, D] float32 and argmax [B, D]: the rule's guesses; limits [B, 2] float32 (threshold,
+    editing); scale float32 -> out [B, 4D + 1] (tokens, filled, edited, confidence * scale, all finite),
+    masked [B, D]. Returns, per row, whether its fallback fill needs torch.topk's tie order (no mask
+    above the threshold, and its best masks tied or one NaN): such a row's fallback is the caller's."""
     B, D = ids.shape
     pending = np.zeros(B, dtype=np.bool_)
     for b in range(B):
