@@ -87,6 +87,9 @@ class Scheduler:
         if cuda_graph and (model.device.type != "cuda" or model.hops or not use_cache):
             raise ValueError("cuda_graph needs the whole model on one CUDA device and the block cache on")
         self.cuda_graph = cuda_graph
+        # flash-attn's varlen kernel for a step whose rows need no mask: asked once, not per step (the
+        # model's device and dtype lookups behind it cost a CPU step as much as filling its inputs)
+        self.flash = llada2.flash_available(model.device, model.dtype) and not model.hops
         self.graphs: dict[tuple, tuple] = {}
         self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graph else None
         self.inputs = StepInputs(model.device, model.config.vocab_size)
@@ -264,11 +267,7 @@ class Scheduler:
             packed = self._graphed(ints, limits, allowed, width, S, visible, D)
         else:  # flash-attn's varlen kernel where it runs and no row needs a mask (shapes follow the rows' ends)
             varlen = None
-            if (
-                llada2.flash_available(self.model.device, self.model.dtype)
-                and not self.model.hops
-                and all(start // bs == (hi - 1) // bs for start, hi in spans)
-            ):
+            if self.flash and all(start // bs == (hi - 1) // bs for start, hi in spans):
                 varlen = Packed.of([(e.pages, a, b) for e, (a, b) in zip(rows, spans)], width, bs, self.model.device)
             packed = self._device_step(ints, limits, allowed, width, S, visible, D, varlen)
         host = packed.tolist()  # the one host read of the step (it waits for the forward)
