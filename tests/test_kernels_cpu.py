@@ -138,7 +138,11 @@ def test_combine_is_the_index_add_then_the_shared_and_residual_adds():
     weights = torch.rand(N * A, generator=gen)
     shared, residual = torch.randn(N, C, generator=gen), torch.randn(N, C, generator=gen)
     routed = torch.zeros(N, C).index_add_(0, token_of, y * weights[:, None])
-    assert torch.equal(cpu.combine(y, token_of, weights, shared, residual), residual + (routed + shared))
+    out, none = cpu.combine(y, token_of, weights, shared, residual)
+    assert torch.equal(out, residual + (routed + shared)) and none is None
+    norm = torch.randn(C, generator=gen)
+    again, normed = cpu.combine(y, token_of, weights, shared, residual, norm, 1e-6)  # the next layer's input norm
+    assert torch.equal(again, out) and torch.equal(normed, cpu.rms_norm(out, norm, 1e-6))
 
 
 @pytest.mark.parametrize("shared", [1, 0])

@@ -243,7 +243,7 @@ def route(logits: torch.Tensor, bias: torch.Tensor, n_group: int, topk_group: in
 
 
 @_jit
-def _combine(y, token_of, w_sorted, shared, residual):
+def _combine(y, token_of, w_sorted, shared, residual, norm, eps):
     N, C = residual.shape
     acc = np.zeros((N, C), np.float32)
     for r in range(y.shape[0]):
@@ -255,15 +255,22 @@ def _combine(y, token_of, w_sorted, shared, residual):
     for n in range(N):
         for c in range(C):
             out[n, c] = residual[n, c] + (acc[n, c] + shared[n, c])
-    return out
+    if norm.shape[0] == 0:
+        return out, out[:0]
+    return out, _rms_norm(out, norm, eps)
 
 
 def combine(y: torch.Tensor, token_of: torch.Tensor, w_sorted: torch.Tensor, shared: torch.Tensor,
-            residual: torch.Tensor) -> torch.Tensor:  # fmt: skip
+            residual: torch.Tensor, norm: torch.Tensor | None = None,
+            eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """residual + (routed + shared), each [N, C]: the routed sum is each expert row of y [N * A, C]
     times its weight, added to its token's row in the rows' order (Experts.sparse's multiply and
-    index_add: the same sums in the same order), then SparseMoE's shared add and the layer's residual."""
-    return tensor(_combine(array(y), array(token_of), array(w_sorted), array(shared), array(residual)))
+    index_add: the same sums in the same order), then SparseMoE's shared add and the layer's residual.
+    With `norm` [C], also that sum RMS-normed by it (rms_norm: the next layer's input norm, or the
+    final one), else None."""
+    weight = array(norm) if norm is not None else np.empty(0, np.float32)
+    out, normed = _combine(array(y), array(token_of), array(w_sorted), array(shared), array(residual), weight, eps)
+    return tensor(out), (tensor(normed) if norm is not None else None)
 
 
 log = logging.getLogger(__name__)
@@ -284,6 +291,7 @@ def warm_up() -> None:
         for shared in (False, True):
             ids, xs, token_of, w_sorted, ends = route(torch.ones(2, 4), torch.zeros(4), 2, 1, 2, 2.5, True, x, shared)
         combine(xs[: len(token_of)], token_of, w_sorted, x, x)
+        combine(xs[: len(token_of)], token_of, w_sorted, x, x, w, 1e-6)
     seconds = time.perf_counter() - started
     if seconds > 1.0:
         log.info("compiled the CPU kernels in %.1f s (once on this machine: numba keeps them on disk)", seconds)

@@ -525,11 +525,16 @@ class CPULayer:
         self.experts = mlp.experts if moe else None
         self.expert_ids: torch.Tensor | None = None  # the last forward's routing [N, A] (benchmarks read it)
 
-    def __call__(self, x: torch.Tensor, cos, sin, allow, kv) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, cos, sin, allow, kv, normed: torch.Tensor | None = None,
+                 norm_after: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        """x [B, T, C] -> (the layer's output [B, T, C], that output RMS-normed by `norm_after` [C] or
+        None without one). `normed`: x already normed by this layer's input norm (the layer before
+        made it with its last loop), else None."""
         B, T, C = x.shape
         N, H, K, D = B * T, self.H, self.K, self.D
         x = x.view(N, C)
-        qkv = F.linear(cpu.rms_norm(x, self.w_in, self.eps), self.w_qkv).view(B, T, H + 2 * K, D)
+        normed = cpu.rms_norm(x, self.w_in, self.eps) if normed is None else normed.view(N, C)
+        qkv = F.linear(normed, self.w_qkv).view(B, T, H + 2 * K, D)
         pools = kv.pools(self.layer_idx) if hasattr(kv, "pools") else None
         if pools is not None:  # normed, rotated, written to the cache and the visible keys gathered: one loop
             k, v = cpu.attention_in(qkv, self.attention.qk_norm_weight(), self.eps, cos, sin, *pools)
@@ -543,7 +548,9 @@ class CPULayer:
         x = torch.addmm(x, out.transpose(1, 2).reshape(N, H * D), self.w_dense.T)  # the residual added
         h = cpu.rms_norm(x, self.w_post, self.eps)
         if self.router is None:  # the dense MLP
-            return self.swiglu(h, self.mlp, x).view(B, T, C)
+            out = self.swiglu(h, self.mlp, x)
+            after = None if norm_after is None else cpu.rms_norm(out, norm_after, self.eps).view(B, T, C)
+            return out.view(B, T, C), after
         r, joint = self.router, self.moe.joint_weights()
         self.expert_ids, xs, token_of, w_sorted, ends = cpu.route(
             F.linear(h, r.weight), r.expert_bias, r.n_group, r.topk_group, r.top_k, r.scale, r.normalise, h,
@@ -552,7 +559,7 @@ class CPULayer:
             gate, up = GROUPED_MM(xs, joint[0], offs=ends).chunk(2, dim=-1)
             y = GROUPED_MM(F.silu(gate) * up, joint[1], offs=ends)
             routed = len(token_of)
-            return cpu.combine(y[:routed], token_of, w_sorted, y[routed:], x).view(B, T, C)
+            return self.out(cpu.combine(y[:routed], token_of, w_sorted, y[routed:], x, norm_after, self.eps), B, T)
         experts = self.experts
         shared = self.swiglu(h, self.mlp) if self.mlp is not None else torch.zeros_like(x)
         both = fused_gate_up(experts.gate_up, experts.w_gate, experts.w_up)
@@ -561,7 +568,12 @@ class CPULayer:
             y = GROUPED_MM(F.silu(gate) * up, experts.w_down.transpose(1, 2), offs=ends)
         else:
             y = experts.grouped(xs, both, ends)
-        return cpu.combine(y, token_of, w_sorted, shared, x).view(B, T, C)
+        return self.out(cpu.combine(y, token_of, w_sorted, shared, x, norm_after, self.eps), B, T)
+
+    @staticmethod
+    def out(both: tuple[torch.Tensor, torch.Tensor | None], B: int, T: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x, normed = both
+        return x.view(B, T, -1), (None if normed is None else normed.view(B, T, -1))
 
     @staticmethod
     def swiglu(h: torch.Tensor, mlp: MLP, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -664,10 +676,15 @@ class LLaDA2(nn.Module):
             cos, sin = rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta, self.dtype)
         if positions.dim() == 2:  # per-row positions: [B, T, r] -> [B, 1, T, r], broadcast over heads
             cos, sin = cos[:, None], sin[:, None]
+        if fused:  # cpu_layout's flat layers (float32, no autograd), each norming the next one's input
+            layers, normed = self.model.layers, None
+            for i, layer in enumerate(layers):
+                after = layers[i + 1].fused.w_in if i + 1 < len(layers) else self.model.norm.weight
+                x, normed = layer.fused(x, cos, sin, allow, kv, normed, after if last_n != 0 else None)
+            if last_n == 0:
+                return None
+            return self.lm_head(normed if last_n is None else normed[:, -last_n:])
         for i, layer in enumerate(self.model.layers):
-            if fused:  # cpu_layout's flat forward of the layer (float32, no autograd)
-                x = layer.fused(x, cos, sin, allow, kv)
-                continue
             if i in self.hops:
                 x, cos, sin, allow = hand_off(self.hops[i], x, cos, sin, allow)
             x = layer(x, cos, sin, allow, kv, blocks)
