@@ -270,8 +270,34 @@ def test_llada22_rows_keep_their_host_rule(tmp_path, monkeypatch):
     from conftest import make_llada22_checkpoint
 
     model = load_model(make_llada22_checkpoint(tmp_path), device="cpu", dtype=torch.float32)
+    engine = Engine(model)  # (its start warms the kernels up)
     monkeypatch.setattr(cpu_step, "packed_decisions", lambda *a: pytest.fail("the JointThreshold kernel ran"))
-    engine = Engine(model)
     fast = engine.generation(list(range(10, 50)), 32, "speed").run()
     generic_path(monkeypatch)
     assert engine.generation(list(range(10, 50)), 32, "speed").run().tokens == fast.tokens
+
+
+def test_an_engine_started_on_the_cpu_compiles_nothing_in_its_first_answers(golden_dir):
+    """The scheduler's start runs cpu_step.warm_up: a fresh process's first steps (one row, then a batch
+    with a draft checked ahead) find every kernel's types already compiled or loaded."""
+    import subprocess
+    import sys
+
+    script = f"""
+import torch
+from llada_lsp import Engine, load_model
+from llada_lsp.kernels import cpu_step
+engine = Engine(load_model({str(golden_dir)!r}, device="cpu", dtype=torch.float32))
+kernels = {{k: v for k, v in vars(cpu_step).items() if hasattr(v, "signatures")}}
+before = {{k: len(v.signatures) for k, v in kernels.items()}}
+assert before["_tables_kernel"] and before["_decisions_kernel"], before  # the engine's start ran them
+ids = list(range(20, 120))
+engine.generation(ids, 32, "speed").run()
+engine.scheduler.add(engine.settings(ids, 32, "speed"))
+engine.scheduler.add(engine.settings(ids[:70], 64, "quality", init_ids=ids[:64]))
+engine.scheduler.drain()
+print({{k: len(v.signatures) - before[k] for k, v in kernels.items()}})
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert set(eval(out.stdout).values()) == {0}, out.stdout

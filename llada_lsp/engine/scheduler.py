@@ -93,6 +93,8 @@ class Scheduler:
         self.graphs: dict[tuple, tuple] = {}
         self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graph else None
         self.inputs = StepInputs(model.device, model.config.vocab_size)
+        if model.device.type == "cpu":
+            cpu_step.warm_up()  # the step's host kernels compiled or loaded now, not in the first answer
         # LLaDA2.2 (edit ids): JointThresholdInDel's rows, decided on the host from K ranked ids per position
         self.indel = model.config.edit_ids is not None
         self.indel_k = min(INDEL_CANDIDATES, model.config.vocab_size)
