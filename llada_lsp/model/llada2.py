@@ -669,7 +669,9 @@ class LLaDA2(nn.Module):
             real = getattr(kv, "real", None) if kv is not None else None
             blocks = RoutingBlocks.of(positions, real, B, self.config.block_size)
         x = self.model.word_embeddings(input_ids)
-        fused = self.model.layers[0].fused is not None and not self.hops and cpu.enabled(x)
+        # cpu_layout's flat layers where the CPU kernels' switch is on and the GPU kernels' is not (a test
+        # may turn the Triton kernels on for CPU tensors: their interpreter)
+        fused = self.model.layers[0].fused is not None and not self.hops and cpu.enabled(x) and not kernels.enabled(x)
         if fused:  # each position's row of tables made once (the same numbers: a row is its position's own)
             cos, sin = (F.embedding(positions, table) for table in self.rope_tables(positions.device))
         else:
