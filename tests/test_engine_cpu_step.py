@@ -36,10 +36,11 @@ def test_rms_norm_is_the_composite_bit_for_bit(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_attention_norms_and_rotates_q_and_k_as_separate_heads_would(dtype, monkeypatch):
+    from llada_lsp.kernels import cpu
     from llada_lsp.model import LLaDA2Config
 
     # the torch path, bit for bit (the numba kernel's numbers are held to it in tests/test_kernels_cpu.py)
-    monkeypatch.setenv("LLADA_LSP_KERNELS", "0")
+    monkeypatch.setattr(cpu, "ON", False)  # LLADA_LSP_KERNELS=0
     from llada_lsp.model.llada2 import Attention
 
     torch.manual_seed(0)

@@ -204,6 +204,13 @@ def test_the_switch():
     with torch.inference_mode(), pytest.MonkeyPatch.context() as mp:
         mp.setattr(cpu, "ON", False)  # LLADA_LSP_KERNELS=0 at start
         assert not cpu.enabled(x)
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LLADA_LSP_KERNELS": "0"}
+    check = "from llada_lsp.kernels import cpu, cpu_step; import torch; assert not cpu.ON and not cpu_step.host_enabled(torch.ones(1))"
+    subprocess.run([sys.executable, "-c", check], env=env, check=True)  # the variable, read when the process starts
     routed_per_block = small_model(
         small_config(block_size=32, expert_capacity=4, delete_token_id=150, split_token_id=151)
     )

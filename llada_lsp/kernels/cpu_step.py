@@ -12,11 +12,10 @@ nothing of sequences, the cache's pages or the model.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 
+from . import cpu
 from .cpu import numba
 
 
@@ -27,13 +26,8 @@ def _jit(fn):
 
 def host_enabled(t: torch.Tensor) -> bool:
     """Whether the host kernels (integer work, no activations) run for t: a CPU tensor, numba present,
-    not under torch.compile, unless LLADA_LSP_KERNELS=0 (cpu.enabled's switch)."""
-    return (
-        numba is not None
-        and t.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-        and os.environ.get("LLADA_LSP_KERNELS", "1") != "0"
-    )
+    not under torch.compile, unless LLADA_LSP_KERNELS=0 at start (cpu.ON, the switch cpu.enabled reads)."""
+    return cpu.ON and t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 # --- the step's slot tables ---------------------------------------------------------------------------
@@ -222,7 +216,7 @@ def warm_up() -> None:
     several): the first process on a machine compiles them (numba keeps them on disk), later ones load
     them. The scheduler calls it when it starts on the CPU, so the cost falls in the engine's start,
     not in a first answer."""
-    if numba is None or os.environ.get("LLADA_LSP_KERNELS", "1") == "0":
+    if not cpu.ON:
         return
     width, D, V = 4, 2, 64
     with torch.inference_mode():
