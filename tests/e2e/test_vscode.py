@@ -277,10 +277,14 @@ class VSCode:
 
     def saved(self, name: str) -> str:
         """Saves the active editor (Ctrl+S) and returns the file's text once written."""
-        before = (self.workspace / name).stat().st_mtime_ns
+        path = self.workspace / name
+        before = path.stat().st_mtime_ns
         self.press("Control+S")
-        self.wait(lambda: (self.workspace / name).stat().st_mtime_ns != before, f"{name} to be saved", timeout=10)
-        return (self.workspace / name).read_text()
+        # code-server truncates the file before it writes it: a read between the two saw '' on a busy
+        # machine, so the save is done when the file changed and holds text again
+        self.wait(lambda: path.stat().st_mtime_ns != before and path.stat().st_size > 0, f"{name} to be saved",
+                  timeout=10)  # fmt: skip
+        return path.read_text()
 
     # What the server said.
 
