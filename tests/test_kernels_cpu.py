@@ -209,7 +209,9 @@ def test_the_switch():
     import sys
 
     env = {**os.environ, "LLADA_LSP_KERNELS": "0"}
-    check = "from llada_lsp.kernels import cpu, cpu_step; import torch; assert not cpu.ON and not cpu_step.host_enabled(torch.ones(1))"
+    check = ("import sys, torch; from llada_lsp.kernels import cpu, cpu_step; from llada_lsp.model import load_model; "
+             "m = load_model(None); assert not cpu.ON and not cpu_step.host_enabled(torch.ones(1)); "
+             "assert m.model.layers[0].fused is None and 'numba' not in sys.modules")  # fmt: skip
     subprocess.run([sys.executable, "-c", check], env=env, check=True)  # the variable, read when the process starts
     routed_per_block = small_model(
         small_config(block_size=32, expert_capacity=4, delete_token_id=150, split_token_id=151)

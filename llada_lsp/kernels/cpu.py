@@ -17,14 +17,15 @@ import time
 import numpy as np
 import torch
 
-try:
-    import numba
-except ImportError:  # pragma: no cover - numba is a dependency; a platform without its wheels runs torch
-    numba = None
-
+numba = None  # LLADA_LSP_KERNELS=0 does not even import it: numba and its kernels take ~120 MiB
+if os.environ.get("LLADA_LSP_KERNELS", "1") != "0":
+    try:
+        import numba
+    except ImportError:  # pragma: no cover - numba is a dependency; a platform without its wheels runs torch
+        pass
 
 # Read once: the switch is asked on every step, and reading the environment there costs a step ~1%.
-ON = numba is not None and os.environ.get("LLADA_LSP_KERNELS", "1") != "0"
+ON = numba is not None
 
 
 def enabled(x: torch.Tensor) -> bool:
