@@ -501,8 +501,9 @@ class DecoderLayer(nn.Module):
 
 class CPULayer:
     """A DecoderLayer's inference forward on the CPU in float32, written flat: its GEMMs in torch and
-    the small ops between them as numba loops (kernels/cpu.py: the RMSNorms, q/k norm and RoPE, the
-    routing, the grouping by expert, the weighted sum with the shared expert and the residual). The
+    the small ops between them as numba loops (kernels/cpu.py: the RMSNorms, q/k norm and RoPE with the
+    paged cache's write and gather, the routing with the grouping by expert, the weighted sum with the
+    shared expert, the residual and the next layer's input norm). The
     same arithmetic as the modules, within float32 rounding (tests/test_kernels_cpu.py); at a step's
     shapes a module call or a small op costs more than its work, which is what this saves.
 
