@@ -121,11 +121,9 @@ class Engine:
         init_ids = list(init_ids or [])
         if len(init_ids) > gen_length:
             raise ValueError(f"{len(init_ids)} init_ids do not fit in gen_length {gen_length}")
-        vocab = config.vocab_size  # (read once: a config attribute is slow, and a prompt has ~1000 ids)
-        if any(
-            not 0 <= t < vocab for t in (min(prompt_ids + init_ids, default=0), max(prompt_ids + init_ids, default=0))
-        ):
-            bad = next(t for t in prompt_ids + init_ids if not 0 <= t < vocab)
+        ids, vocab = prompt_ids + init_ids, config.vocab_size  # (min and max: not a config read per id)
+        if ids and not (min(ids) >= 0 and max(ids) < vocab):
+            bad = next(t for t in ids if not 0 <= t < vocab)
             raise ValueError(f"prompt id {bad} is outside the vocabulary (size {vocab})")
         if edit_ids is not None and any(t in edit_ids for t in init_ids):
             raise ValueError("init_ids hold an edit id (DELETE or INSERT): a draft is text, never an edit")

@@ -3,8 +3,9 @@ into one compiled loop each. At the embedded model's shapes (32 rows of 256) a t
 dispatch than to compute, so a step is mostly overhead; each kernel here replaces several such ops.
 
 `enabled(x)` is the one switch: float32 CPU tensors under no_grad / inference_mode (the engine's),
-numba installed, not under torch.compile, unless LLADA_LSP_KERNELS=0. Everywhere else the model's torch path runs. Bulk passes
-(the step rule's exponentials, SiLU) stay in torch: its vectorised math library beats a numba loop.
+numba installed, not under torch.compile, unless LLADA_LSP_KERNELS=0. Everywhere else the model's
+torch path runs. Bulk passes (the step rule's exponentials, SiLU) stay in torch: its vectorised math
+library beats a numba loop.
 Knows nothing of modules, checkpoints or decoding policy.
 """
 
@@ -16,6 +17,8 @@ import time
 
 import numpy as np
 import torch
+
+log = logging.getLogger(__name__)
 
 numba = None  # LLADA_LSP_KERNELS=0 does not even import it: numba and its kernels take ~120 MiB
 if os.environ.get("LLADA_LSP_KERNELS", "1") != "0":
@@ -34,7 +37,6 @@ def enabled(x: torch.Tensor) -> bool:
     return (
         ON
         and x.dtype is torch.float32
-        and not x.is_cuda
         and x.device.type == "cpu"
         and not (torch.is_grad_enabled() or torch.compiler.is_compiling())
     )
@@ -48,8 +50,9 @@ def array(t: torch.Tensor):
 tensor = torch.from_numpy  # a kernel's result (allocated in the kernel: one call less per output)
 
 
-def _jit(fn=None, **options):
-    """numba.njit with the on-disk cache (a compile on a process's first step, a load after); `reduce`
+def jit(fn=None, **options):
+    """numba.njit with the on-disk cache (one compile per machine, a load per process after; this
+    module's kernels and cpu_step's); `reduce`
     allows reassociating sums (vectorised reductions), never contracting a multiply-add, so products
     round as torch's do."""
     if numba is None:  # pragma: no cover
@@ -63,7 +66,7 @@ def _jit(fn=None, **options):
 # --- RMSNorm ---------------------------------------------------------------------------------------
 
 
-@_jit(reduce=True)
+@jit(reduce=True)
 def _rms_norm(x, w, eps):  # x [N, C]; w [C] -> [N, C]
     N, C = x.shape
     out = np.empty_like(x)
@@ -86,7 +89,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 # --- attention: q/k norm and RoPE, the paged cache's write and gather -------------------------------
 
 
-@_jit(reduce=True)
+@jit(reduce=True)
 def _qk_norm_rope(qkv, w, eps, cos, sin, heads):  # qkv [N, >= heads, D]; w [heads, D]; cos/sin [P, R]
     N, _, D = qkv.shape
     P, R = cos.shape
@@ -120,7 +123,7 @@ def qk_norm_rope_(qkv: torch.Tensor, weight: torch.Tensor, eps: float, cos: torc
                   array(sin).reshape(-1, R), weight.shape[0])  # fmt: skip
 
 
-@_jit
+@jit
 def _attention_in(qkv, w, eps, cos, sin, K, pool_k, pool_v, writes, reads):
     N, heads, D = qkv.shape
     _qk_norm_rope(qkv, w, eps, cos, sin, w.shape[0])
@@ -160,7 +163,7 @@ def attention_in(qkv: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
 # --- MoE: routing with the grouping by expert, the weighted sum -------------------------------------
 
 
-@_jit
+@jit
 def _route(logits, bias, n_group, topk_group, top_k, scale, normalise, x, shared):
     N, E = logits.shape
     scores = np.empty_like(logits)
@@ -243,7 +246,7 @@ def route(logits: torch.Tensor, bias: torch.Tensor, n_group: int, topk_group: in
     return tuple(tensor(a) for a in out)
 
 
-@_jit
+@jit
 def _combine(y, token_of, w_sorted, shared, residual, norm, eps):
     N, C = residual.shape
     acc = np.zeros((N, C), np.float32)
@@ -272,9 +275,6 @@ def combine(y: torch.Tensor, token_of: torch.Tensor, w_sorted: torch.Tensor, sha
     weight = array(norm) if norm is not None else np.empty(0, np.float32)
     out, normed = _combine(array(y), array(token_of), array(w_sorted), array(shared), array(residual), weight, eps)
     return tensor(out), (tensor(normed) if norm is not None else None)
-
-
-log = logging.getLogger(__name__)
 
 
 def warm_up() -> None:

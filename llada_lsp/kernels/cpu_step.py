@@ -16,12 +16,7 @@ import numpy as np
 import torch
 
 from . import cpu
-from .cpu import numba
-
-
-def _jit(fn):
-    """numba.njit with the on-disk cache (one compile per machine, a load per process after)."""
-    return numba.njit(cache=True, nogil=True)(fn) if numba is not None else fn
+from .cpu import jit
 
 
 def host_enabled(t: torch.Tensor) -> bool:
@@ -33,7 +28,7 @@ def host_enabled(t: torch.Tensor) -> bool:
 # --- the step's slot tables ---------------------------------------------------------------------------
 
 
-@_jit
+@jit
 def _tables_kernel(rows, width, bs, scratch, positions, writes, reads, real, allow):  # allow [0, ...]: visible
     B, S = reads.shape
     for b in range(B):
@@ -69,7 +64,7 @@ def paged_tables(rows: np.ndarray, width: int, S: int, bs: int, visible: bool, s
 # --- the step rule's argmax -------------------------------------------------------------------------
 
 
-@_jit
+@jit
 def _row_first_max(x, lo, hi, skip):  # -> (value, index): x[lo:hi]'s max, NaN first, ties to the first
     best, at = x[lo], lo
     if lo == skip:
@@ -85,7 +80,7 @@ def _row_first_max(x, lo, hi, skip):  # -> (value, index): x[lo:hi]'s max, NaN f
     return best, at
 
 
-@_jit
+@jit
 def _first_max_kernel(logits, chunk_max, chunk, masks, per, top, token, shift):
     """logits [R, V]; chunk_max [R, V / chunk] their chunks' amax; masks[r // per]: row r's mask id ->
     top, token [R]: the row's first maximum, the mask excluded (searched again where it was the first
@@ -136,7 +131,7 @@ def guesses(logits: torch.Tensor, mask_id: int | torch.Tensor | np.ndarray,
 # --- the joint-threshold decisions ------------------------------------------------------------------
 
 
-@_jit
+@jit
 def _decisions_kernel(ids, head, conf, argmax, limits, vocab, scale, out, masked):
     """ids [B, D]: each row's last D query ids; head [B, 4]: frozen prompt positions, mask id, (unused),
     outside; conf [B, D] float32 and argmax [B, D]: the rule's guesses; limits [B, 2] float32 (threshold,

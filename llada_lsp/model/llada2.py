@@ -374,8 +374,7 @@ class Experts(nn.Module):
     def grouped(self, xs: torch.Tensor, both: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """Every expert's SwiGLU on its rows of xs [n, C] (expert order; `ends` [E] int32): two grouped
         GEMMs over all experts, gate and up in one (cpu_layout's `both`)."""
-        gate, up = GROUPED_MM(xs, both, offs=ends).chunk(2, dim=-1)
-        return GROUPED_MM(F.silu(gate) * up, self.w_down.transpose(1, 2), offs=ends)
+        return grouped_swiglu(xs, both, self.w_down.transpose(1, 2), ends)
 
     def fused(self, x, expert_ids, weights):
         """llada_lsp/kernels' fused MoE: grouped GEMMs over the touched experts only (Triton, CUDA)."""
@@ -521,9 +520,7 @@ class CPULayer:
         self.w_qkv, self.w_dense = attention.query_key_value.weight, attention.dense.weight
         moe = isinstance(mlp, SparseMoE)
         self.mlp = mlp.shared_experts if moe else mlp  # the dense MLP, or the shared expert (None: none)
-        self.router = mlp.gate if moe else None
         self.moe = mlp if moe else None
-        self.experts = mlp.experts if moe else None
         self.expert_ids: torch.Tensor | None = None  # the last forward's routing [N, A] (benchmarks read it)
 
     def __call__(self, x: torch.Tensor, cos, sin, allow, kv, normed: torch.Tensor | None = None,
@@ -548,20 +545,18 @@ class CPULayer:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allow, enable_gqa=K != H)
         x = torch.addmm(x, out.transpose(1, 2).reshape(N, H * D), self.w_dense.T)  # the residual added
         h = cpu.rms_norm(x, self.w_post, self.eps)
-        if self.router is None:  # the dense MLP
+        if self.moe is None:  # the dense MLP
             out = self.swiglu(h, self.mlp, x)
             after = None if norm_after is None else cpu.rms_norm(out, norm_after, self.eps).view(B, T, C)
             return out.view(B, T, C), after
-        r, joint = self.router, self.moe.joint_weights()
+        r, joint = self.moe.gate, self.moe.joint_weights()
         self.expert_ids, xs, token_of, w_sorted, ends = cpu.route(
             F.linear(h, r.weight), r.expert_bias, r.n_group, r.topk_group, r.top_k, r.scale, r.normalise, h,
             shared=joint is not None)  # fmt: skip
         if joint is not None:  # the shared expert is the grouped GEMMs' last group (cpu_layout's joint storage)
-            gate, up = GROUPED_MM(xs, joint[0], offs=ends).chunk(2, dim=-1)
-            y = GROUPED_MM(F.silu(gate) * up, joint[1], offs=ends)
-            routed = len(token_of)
-            return self.out(cpu.combine(y[:routed], token_of, w_sorted, y[routed:], x, norm_after, self.eps), B, T)
-        experts = self.experts
+            y, routed = grouped_swiglu(xs, *joint, ends), len(token_of)
+            return self._shaped(cpu.combine(y[:routed], token_of, w_sorted, y[routed:], x, norm_after, self.eps), B, T)
+        experts = self.moe.experts
         shared = self.swiglu(h, self.mlp) if self.mlp is not None else torch.zeros_like(x)
         both = fused_gate_up(experts.gate_up, experts.w_gate, experts.w_up)
         if both is None:  # the weights were replaced since cpu_layout: two grouped GEMMs of their own
@@ -569,10 +564,12 @@ class CPULayer:
             y = GROUPED_MM(F.silu(gate) * up, experts.w_down.transpose(1, 2), offs=ends)
         else:
             y = experts.grouped(xs, both, ends)
-        return self.out(cpu.combine(y, token_of, w_sorted, shared, x, norm_after, self.eps), B, T)
+        return self._shaped(cpu.combine(y, token_of, w_sorted, shared, x, norm_after, self.eps), B, T)
 
     @staticmethod
-    def out(both: tuple[torch.Tensor, torch.Tensor | None], B: int, T: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _shaped(
+        both: tuple[torch.Tensor, torch.Tensor | None], B: int, T: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         x, normed = both
         return x.view(B, T, -1), (None if normed is None else normed.view(B, T, -1))
 
@@ -762,6 +759,13 @@ def joint_storage(moe: SparseMoE) -> None:
     moe.joint = gate_up, down
     moe.joint_pointers = tuple(w.data_ptr() for w in (experts.w_gate, experts.w_up, experts.w_down, shared.gate_proj.weight,
                                                       shared.up_proj.weight, shared.down_proj.weight))  # fmt: skip
+
+
+def grouped_swiglu(xs: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """SwiGLU of each group of rows of xs [n, C] (`ends` [G] int32) by its own weights: gate_up
+    [G, C, 2I], down [G, I, C] (contiguous: cpu_layout's storage), two grouped GEMMs over all groups."""
+    gate, up = GROUPED_MM(xs, gate_up, offs=ends).chunk(2, dim=-1)
+    return GROUPED_MM(F.silu(gate) * up, down, offs=ends)
 
 
 def fused_gate_up(both: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
