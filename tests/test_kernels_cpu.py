@@ -231,3 +231,23 @@ def test_loading_compiles_what_a_step_runs():
     assert all(before)
     Engine(model).generation(prompt_ids=list(range(10, 200)), gen_length=40, policy="speed").run()
     assert [list(k.signatures) for k in kernels] == before
+
+
+def test_kernels_that_do_not_compile_leave_the_torch_path(monkeypatch, caplog):
+    """A numba failure while the model loads (a broken toolchain or cache) is no failed load: the
+    switch turns off, the log says why once, and the model answers through its modules."""
+    from llada_lsp.engine import Engine
+    from llada_lsp.kernels import cpu_step
+    from llada_lsp.model import load_model
+
+    def broken(*args):
+        raise RuntimeError("LLVM said no\nmore lines")
+
+    monkeypatch.setattr(cpu, "ON", True)
+    monkeypatch.setattr(cpu, "_rms_norm", broken)
+    model = load_model(None, device="cpu", dtype=torch.float32)
+    assert not cpu.ON and "LLVM said no" in caplog.text
+    with torch.inference_mode():
+        assert not cpu.enabled(torch.ones(1)) and not cpu_step.host_enabled(torch.ones(1))
+    got = Engine(model).generation(prompt_ids=list(range(10, 120)), gen_length=32, policy="speed").run()
+    assert got.steps > 0 and len(got.tokens) == 32

@@ -280,19 +280,34 @@ def combine(y: torch.Tensor, token_of: torch.Tensor, w_sorted: torch.Tensor, sha
 def warm_up() -> None:
     """Runs every kernel once on tiny inputs of the types a step passes: the first process on a machine
     compiles them (seconds; numba caches the result on disk), later ones load them. cpu_layout calls
-    it, so the cost falls in the model's load (a server is still "loading" then), not in a first answer."""
+    it, so the cost falls in the model's load (a server is still "loading" then), not in a first answer.
+    Kernels that do not compile on this machine turn the switch off (`give_up`): the torch path runs."""
     started = time.perf_counter()
-    with torch.inference_mode():
-        x, w = torch.ones(2, 4), torch.ones(4)
-        rms_norm(x, w, 1e-6)
-        qkv, weight, table = torch.ones(1, 2, 4, 4), torch.ones(2, 4), torch.ones(2, 2)
-        qk_norm_rope_(qkv, weight, 1e-6, table, table)
-        pool = torch.zeros(4, 1, 4)
-        attention_in(qkv, weight, 1e-6, table, table, pool, pool.clone(), torch.arange(2), torch.arange(3)[None])
-        for shared in (False, True):
-            ids, xs, token_of, w_sorted, ends = route(torch.ones(2, 4), torch.zeros(4), 2, 1, 2, 2.5, True, x, shared)
-        combine(xs[: len(token_of)], token_of, w_sorted, x, x)
-        combine(xs[: len(token_of)], token_of, w_sorted, x, x, w, 1e-6)
+    try:
+        with torch.inference_mode():
+            x, w = torch.ones(2, 4), torch.ones(4)
+            rms_norm(x, w, 1e-6)
+            qkv, weight, table = torch.ones(1, 2, 4, 4), torch.ones(2, 4), torch.ones(2, 2)
+            qk_norm_rope_(qkv, weight, 1e-6, table, table)
+            pool = torch.zeros(4, 1, 4)
+            attention_in(qkv, weight, 1e-6, table, table, pool, pool.clone(), torch.arange(2), torch.arange(3)[None])
+            for shared in (False, True):
+                ids, xs, token_of, w_sorted, ends = route(
+                    torch.ones(2, 4), torch.zeros(4), 2, 1, 2, 2.5, True, x, shared
+                )
+            combine(xs[: len(token_of)], token_of, w_sorted, x, x)
+            combine(xs[: len(token_of)], token_of, w_sorted, x, x, w, 1e-6)
+    except Exception as err:  # numba's compiler failed here (a toolchain or cache problem): not the model's
+        give_up(err)
+        return
     seconds = time.perf_counter() - started
     if seconds > 1.0:
         log.info("compiled the CPU kernels in %.1f s (once on this machine: numba keeps them on disk)", seconds)
+
+
+def give_up(err: BaseException) -> None:
+    """The CPU kernels off for the rest of the process (a warm-up failed: `err`), said once in the log."""
+    global ON
+    ON = False
+    log.warning("the CPU kernels do not run here (%s: %s); the plain torch path runs instead", type(err).__name__,
+                str(err).splitlines()[0] if str(err) else "")  # fmt: skip
