@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -62,41 +63,47 @@ def test_rms_norm_kernel_is_torch_within_rounding():
 
 
 @pytest.mark.parametrize("per_row", [False, True])
-def test_attention_in_is_norm_rope_and_the_paged_update(per_row):
-    """q and k normed by their own heads' weights and rotated (a partial rotary width), k and v written to
-    their slots, every visible slot gathered: the reference is rms_norm, apply_rope, index_copy_ and
-    index_select, as Attention and PagedView do them."""
+def test_attend_is_the_projection_norm_rope_and_the_paged_update(per_row):
+    """q, k, v from the QKV GEMM, q and k normed by their own heads' weights and rotated (a partial rotary
+    width), k and v written to their slots, every visible slot gathered: the reference is F.linear,
+    rms_norm, apply_rope, index_copy_ and index_select, as Attention and PagedView do them; without pools,
+    this forward's own keys and values."""
     gen = torch.Generator().manual_seed(1)
-    B, T, H, K, D, R, S = 2, 5, 4, 2, 16, 8, 12
-    qkv = torch.randn(B, T, H + 2 * K, D, generator=gen)
-    weight = torch.randn(H + K, D, generator=gen)
+    B, T, H, K, D, R, S, C = 2, 5, 4, 2, 16, 8, 12, 24
+    normed = torch.randn(B * T, C, generator=gen)
+    w_qkv = torch.randn(C, (H + 2 * K) * D, generator=gen)  # cpu_layout's [in, out]
+    wq, wk = torch.randn(D, generator=gen), torch.randn(D, generator=gen)
     positions = torch.arange(7, 7 + T) if not per_row else torch.stack([torch.arange(3, 3 + T), torch.arange(9, 9 + T)])
     cos, sin = rope_cos_sin(positions, R, 10000.0, torch.float32)
-    if per_row:
-        cos, sin = cos[:, None], sin[:, None]
     pool_k, pool_v = torch.randn(40, K, D, generator=gen), torch.randn(40, K, D, generator=gen)
     writes = torch.randperm(40, generator=gen)[: B * T]
     reads = torch.cat([writes.view(B, T), torch.randint(0, 40, (B, S - T), generator=gen)], dim=1)
 
-    want_qk = apply_rope(rms_norm(qkv[:, :, : H + K], weight, 1e-6).transpose(1, 2), cos, sin).transpose(1, 2)
+    qkv = F.linear(normed, w_qkv.T).view(B, T, H + 2 * K, D).transpose(1, 2)  # [B, heads, T, D]
+    rope = (cos[:, None], sin[:, None]) if per_row else (cos, sin)
+    q = apply_rope(rms_norm(qkv[:, :H], wq, 1e-6), *rope)
+    k = apply_rope(rms_norm(qkv[:, H : H + K], wk, 1e-6), *rope)
+    v = qkv[:, H + K :]
     want_k, want_v = pool_k.clone(), pool_v.clone()
-    want_k.index_copy_(0, writes, want_qk[:, :, H:].reshape(B * T, K, D))
-    want_v.index_copy_(0, writes, qkv[:, :, H + K :].reshape(B * T, K, D))
+    want_k.index_copy_(0, writes, k.transpose(1, 2).reshape(B * T, K, D))
+    want_v.index_copy_(0, writes, v.transpose(1, 2).reshape(B * T, K, D))
     want_keys = want_k.index_select(0, reads.flatten()).view(B, S, K, D).transpose(1, 2)
     want_values = want_v.index_select(0, reads.flatten()).view(B, S, K, D).transpose(1, 2)
 
-    got = qkv.clone()
-    keys, values = cpu.attention_in(got, weight, 1e-6, cos, sin, pool_k, pool_v, writes, reads)
-    torch.testing.assert_close(got[:, :, : H + K], want_qk, **TIGHT)
-    assert torch.equal(got[:, :, H + K :], qkv[:, :, H + K :])  # the values untouched
+    args = (normed.numpy(), w_qkv.numpy(), wq.numpy(), wk.numpy(), 1e-6, cos.reshape(-1, R).numpy(),
+            sin.reshape(-1, R).numpy(), H, K, B)  # fmt: skip
+    got_q, keys, values = (torch.from_numpy(a) for a in cpu.attend(*args, pool_k.numpy(), pool_v.numpy(),
+                                                                   writes.numpy(), reads.numpy()))  # fmt: skip
+    torch.testing.assert_close(got_q, q, **TIGHT)
     torch.testing.assert_close(pool_k, want_k, **TIGHT)
     assert torch.equal(pool_v, want_v)
     torch.testing.assert_close(keys, want_keys, **TIGHT)
     assert torch.equal(values, want_values)
 
-    alone = qkv.clone()
-    cpu.qk_norm_rope_(alone, weight, 1e-6, cos, sin)  # the same without a cache
-    assert torch.equal(alone, got)
+    alone_q, own_k, own_v = (torch.from_numpy(a) for a in cpu.attend(*args))  # no cache: this forward's own
+    assert torch.equal(alone_q, got_q)
+    torch.testing.assert_close(own_k, k, **TIGHT)
+    assert torch.equal(own_v, v)
 
 
 @pytest.mark.parametrize(
@@ -114,11 +121,11 @@ def test_route_chooses_and_groups_as_the_router_and_the_sparse_path(experts, gro
     x = torch.randn(37, config.hidden_size)
     with torch.no_grad():
         want_ids, want_weights = router(x)
-        logits = F.linear(x, router.weight)
-        ids, xs, token_of, w_sorted, ends = cpu.route(logits, router.expert_bias, groups, kept, top_k, router.scale,
-                                                      normalise, x)  # fmt: skip
-        _, with_shared, _, _, shared_ends = cpu.route(logits, router.expert_bias, groups, kept, top_k, router.scale,
-                                                      normalise, x, shared=True)  # fmt: skip
+        logits, bias = F.linear(x, router.weight).numpy(), router.expert_bias.numpy()
+        ids, xs, token_of, w_sorted, ends = (torch.from_numpy(a) for a in cpu._route(
+            logits, bias, groups, kept, top_k, router.scale, normalise, x.numpy(), False))  # fmt: skip
+        _, with_shared, _, _, shared_ends = (torch.from_numpy(a) for a in cpu._route(
+            logits, bias, groups, kept, top_k, router.scale, normalise, x.numpy(), True))  # fmt: skip
     assert torch.equal(ids, want_ids)
     flat = ids.flatten()
     order = flat.argsort(stable=True)
@@ -138,11 +145,43 @@ def test_combine_is_the_index_add_then_the_shared_and_residual_adds():
     weights = torch.rand(N * A, generator=gen)
     shared, residual = torch.randn(N, C, generator=gen), torch.randn(N, C, generator=gen)
     routed = torch.zeros(N, C).index_add_(0, token_of, y * weights[:, None])
-    out, none = cpu.combine(y, token_of, weights, shared, residual)
-    assert torch.equal(out, residual + (routed + shared)) and none is None
-    norm = torch.randn(C, generator=gen)
-    again, normed = cpu.combine(y, token_of, weights, shared, residual, norm, 1e-6)  # the next layer's input norm
-    assert torch.equal(again, out) and torch.equal(normed, cpu.rms_norm(out, norm, 1e-6))
+    out = cpu._combine(y.numpy(), token_of.numpy(), weights.numpy(), shared.numpy(), residual.numpy())
+    assert torch.equal(torch.from_numpy(out), residual + (routed + shared))
+
+
+def test_gemm_is_torchs_own():
+    """cpu.gemm calls the BLAS routine torch's CPU matmul calls, with the arguments it passes: the same
+    products bit for bit (where torch's BLAS is MKL, which this checks; else within rounding), for every
+    layout a layer hands it (a contiguous [in, out] weight, a transposed one as the router's, row slices)
+    and with the residual as accumulator (torch.addmm)."""
+
+    def same(got: np.ndarray, want: torch.Tensor) -> None:
+        if torch.backends.mkl.is_available():
+            assert torch.equal(torch.from_numpy(got), want)
+        else:  # pragma: no cover - another BLAS
+            torch.testing.assert_close(torch.from_numpy(got), want)
+
+    gen = torch.Generator().manual_seed(4)
+    x, residual = torch.randn(37, 64, generator=gen), torch.randn(37, 48, generator=gen)
+    weight = torch.randn(64, 48, generator=gen)  # cpu_layout's [in, out]
+    router = torch.randn(48, 64, generator=gen)  # [out, in], as Router keeps it
+    with torch.inference_mode():
+        same(cpu.gemm(x.numpy(), weight.numpy()), F.linear(x, weight.T))
+        same(cpu.gemm(x.numpy(), router.numpy().T), F.linear(x, router))
+        same(cpu.gemm(x.numpy()[5:20], weight.numpy()), x[5:20] @ weight)
+        acc = residual.numpy().copy()
+        cpu.gemm(x.numpy(), weight.numpy(), acc)
+        same(acc, torch.addmm(residual, x, weight))
+        assert cpu.gemm(x.numpy()[:0], weight.numpy()).shape == (0, 48)
+
+
+def test_silu_mul_is_torchs_within_rounding():
+    gen = torch.Generator().manual_seed(5)
+    gate = torch.cat([torch.randn(40, 24, generator=gen) * 4, torch.tensor([[0.0, -0.0, 100.0, -100.0, 89.0, -89.0,
+                      1e-30, -1e-30] * 3])])  # fmt: skip
+    up = torch.randn(gate.shape, generator=gen)
+    got = torch.from_numpy(cpu._silu_mul(torch.cat([gate, up], dim=1).numpy()))
+    torch.testing.assert_close(got, F.silu(gate) * up, rtol=1e-6, atol=1e-30)
 
 
 @pytest.mark.parametrize("shared", [1, 0])
@@ -226,7 +265,7 @@ def test_loading_compiles_what_a_step_runs():
     from llada_lsp.model import load_model
 
     model = load_model(None, device="cpu", dtype=torch.float32)
-    kernels = [cpu._rms_norm, cpu._qk_norm_rope, cpu._attention_in, cpu._route, cpu._combine]
+    kernels = [cpu._rms_norm, cpu._attend, cpu._mlp, cpu._gemm]
     before = [list(k.signatures) for k in kernels]
     assert all(before)
     Engine(model).generation(prompt_ids=list(range(10, 200)), gen_length=40, policy="speed").run()

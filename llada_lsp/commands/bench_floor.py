@@ -133,7 +133,7 @@ class StepRecorder:
     def _end(self, model, args, out) -> None:
         """A forward that ran cpu_layout's flat layers called no router module: their routing instead."""
         if not self._raw[-1][1]:
-            self._raw[-1][1].extend(layer.fused.expert_ids for layer in self.moe if layer.fused is not None)
+            self._raw[-1][1].extend(torch.from_numpy(layer.fused.expert_ids) for layer in self.moe if layer.fused)
 
     def _start(self, model, args, kwargs) -> None:
         B, T = args[0].shape

@@ -319,12 +319,15 @@ class PagedView:
         slots = self.packed.key_slots.to(pool_k.device, non_blocking=True)
         return pool_k.index_select(0, slots), pool_v.index_select(0, slots)
 
-    def pools(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`layer`'s pools [slots, K, D] (keys, values), this forward's write slots [B * T] and read
-        slots [B, S]: for a caller that writes and gathers in one loop (kernels/cpu.py's attention_in),
-        as `update` does."""
-        pool_k = self.cache.layer_k[layer]
-        return pool_k, self.cache.layer_v[layer], self.tables[pool_k.device][0], self.reads
+    def host_pools(self):
+        """Every layer's pools [L, slots, K, D] (keys, values), this forward's write slots [B * T] and read
+        slots [B, S], as numpy arrays (views, no copy), for a CPU caller that writes and gathers in its own
+        loops (kernels/cpu.py's attend) as `update` does; None where the pools are not one CPU tensor each
+        (a GPU, a model split over devices)."""
+        k, v = self.cache.k, self.cache.v
+        if not isinstance(k, torch.Tensor) or k.device.type != "cpu":
+            return None
+        return k.numpy(), v.numpy(), self.writes.numpy(), self.reads.numpy()
 
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         B, K, T, D = k.shape

@@ -11,6 +11,8 @@ Knows nothing of modules, checkpoints or decoding policy.
 
 from __future__ import annotations
 
+import ctypes
+import glob
 import logging
 import os
 import time
@@ -42,6 +44,27 @@ def enabled(x: torch.Tensor) -> bool:
     )
 
 
+def _find_gemm():
+    """The Fortran sgemm (32-bit integers) that torch's CPU library carries (MKL's, in the x86 wheels) as a
+    ctypes function, else None. The layer kernels call it for their GEMMs: the routine torch.mm and
+    F.linear call, with the arguments they pass, so a product is torch's own bit for bit
+    (tests/test_kernels_cpu.py); a call from a kernel dispatches nothing."""
+    for path in glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.*")):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:  # pragma: no cover - a library of another platform's name
+            continue
+        for name in ("sgemm_", "sgemm", "SGEMM"):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.argtypes, fn.restype = [ctypes.c_void_p] * 13, None
+                return fn
+    return None  # pragma: no cover - a torch build without a BLAS of its own: the modules' path runs
+
+
+GEMM = _find_gemm() if numba is not None else None
+
+
 def array(t: torch.Tensor):
     """A tensor's numpy view (no copy) for a kernel's argument."""
     return t.detach().numpy()
@@ -61,6 +84,52 @@ def jit(fn=None, **options):
         options["fastmath"] = {"reassoc", "nsz"}
     jit = numba.njit(cache=True, nogil=True, **options)
     return jit(fn) if fn is not None else jit
+
+
+# --- GEMM -------------------------------------------------------------------------------------------
+
+
+@jit
+def _gemm(fn, a, b, c, beta):
+    """c [M, N] = a [M, K] @ b [K, N] (+ c where beta is 1), float32, by `fn` (GEMM). Each operand has one
+    unit stride (a row-major matrix, a slice of its rows, or a transposed one), as torch passes them. A
+    row-major product is the column-major C^T = B^T A^T."""
+    M, K = a.shape
+    N = b.shape[1]
+    if M == 0 or N == 0:
+        return
+    trans = np.empty(2, np.uint8)
+    ints = np.empty(6, np.int32)
+    scalars = np.empty(2, np.float32)
+    if b.strides[1] == 4:  # "N", else "T" (b stored as its transpose)
+        trans[0], ints[3] = 78, max(N, b.strides[0] // 4)
+    else:
+        trans[0], ints[3] = 84, max(K, b.strides[1] // 4)
+    if a.strides[1] == 4:
+        trans[1], ints[4] = 78, max(K, a.strides[0] // 4)
+    else:
+        trans[1], ints[4] = 84, max(M, a.strides[1] // 4)
+    ints[0], ints[1], ints[2], ints[5] = N, M, K, max(N, c.strides[0] // 4)
+    scalars[0], scalars[1] = 1.0, beta
+    fn(trans[0:].ctypes, trans[1:].ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes, scalars[0:].ctypes,
+       b.ctypes, ints[3:].ctypes, a.ctypes, ints[4:].ctypes, scalars[1:].ctypes, c.ctypes, ints[5:].ctypes)  # fmt: skip
+
+
+@jit
+def _grouped_gemm(fn, xs, weights, ends):  # xs [n, C]; weights [G, C, O]; ends [G] -> [n, O]
+    out = np.empty((xs.shape[0], weights.shape[2]), np.float32)
+    start = 0
+    for g in range(ends.shape[0]):
+        _gemm(fn, xs[start : ends[g]], weights[g], out[start : ends[g]], 0.0)
+        start = ends[g]
+    return out
+
+
+def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
+    """a @ b (+ c, in place, where given) by GEMM: float32 numpy matrices with a unit stride each."""
+    out = np.empty((a.shape[0], b.shape[1]), np.float32) if c is None else c
+    _gemm(GEMM, a, b, out, 0.0 if c is None else 1.0)
+    return out
 
 
 # --- RMSNorm ---------------------------------------------------------------------------------------
@@ -86,25 +155,25 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return tensor(_rms_norm(array(x).reshape(-1, x.shape[-1]), array(weight), eps)).view(x.shape)
 
 
-# --- attention: q/k norm and RoPE, the paged cache's write and gather -------------------------------
+# --- attention's input: the QKV GEMM, q/k norm and RoPE, the paged cache's write and gather ----------
 
 
 @jit(reduce=True)
-def _qk_norm_rope(qkv, w, eps, cos, sin, heads):  # qkv [N, >= heads, D]; w [heads, D]; cos/sin [P, R]
+def _qk_norm_rope(qkv, wq, wk, eps, cos, sin, H, K):  # qkv [N, >= H + K, D]; wq, wk [D]; cos/sin [P, R]
     N, _, D = qkv.shape
     P, R = cos.shape
     half = R // 2
     t = np.empty(D, np.float32)
     for n in range(N):
         c, s_ = cos[n % P], sin[n % P]
-        for h in range(heads):
-            v = qkv[n, h]
+        for h in range(H + K):
+            v, w = qkv[n, h], wq if h < H else wk
             ss = np.float32(0.0)
             for d in range(D):
                 ss += v[d] * v[d]
             r = np.float32(1.0) / np.sqrt(ss / np.float32(D) + np.float32(eps))
             for d in range(D):
-                t[d] = v[d] * r * w[h, d]
+                t[d] = v[d] * r * w[d]
             for d in range(half):  # x1 * cos + x2 * sin, sin's first half holding the minus
                 v[d] = t[d] * c[d] + t[d + half] * s_[d]
                 v[d + half] = t[d + half] * c[d + half] + t[d] * s_[d + half]
@@ -112,52 +181,59 @@ def _qk_norm_rope(qkv, w, eps, cos, sin, heads):  # qkv [N, >= heads, D]; w [hea
                 v[d] = t[d]
 
 
-def qk_norm_rope_(qkv: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """In place on qkv [B, T, heads + K, D] (contiguous): the first `heads` = weight.shape[0] heads (the
-    queries', then the keys') RMS-normed over D by their row of weight [heads, D] and rotated by
-    cos / sin ([T, R], or [B, 1, T, R]: rope_cos_sin's tables); the values untouched. The reference:
-    llada2.rms_norm then llada2.apply_rope."""
-    B, T, _, D = qkv.shape
-    R = cos.shape[-1]
-    _qk_norm_rope(array(qkv).reshape(B * T, -1, D), array(weight), eps, array(cos).reshape(-1, R),
-                  array(sin).reshape(-1, R), weight.shape[0])  # fmt: skip
-
-
 @jit
-def _attention_in(qkv, w, eps, cos, sin, K, pool_k, pool_v, writes, reads):
-    N, heads, D = qkv.shape
-    _qk_norm_rope(qkv, w, eps, cos, sin, w.shape[0])
-    # rows of K * D floats: the pools [slots, K * D], this forward's rows [N, heads * D]
-    KD, at = K * D, (heads - 2 * K) * D
-    rows, pk, pv = qkv.reshape(N, heads * D), pool_k.reshape(-1, KD), pool_v.reshape(-1, KD)
+def _attend(fn, normed, w_qkv, wq, wk, eps, cos, sin, H, K, B, pool_k, pool_v, writes, reads):
+    N = normed.shape[0]
+    T, D = N // B, wq.shape[0]
+    qkv = np.empty((N, (H + 2 * K) * D), np.float32)
+    _gemm(fn, normed, w_qkv, qkv, 0.0)
+    heads = qkv.reshape(N, H + 2 * K, D)
+    _qk_norm_rope(heads, wq, wk, eps, cos, sin, H, K)
+    q = np.empty((B * H * T, D), np.float32)  # [B, H, T, D] as rows
+    for n in range(N):
+        for h in range(H):
+            q[(n // T * H + h) * T + n % T] = heads[n, h]
+    KD, at = K * D, H * D  # rows of K * D floats: the pools [slots, K * D], this forward's [N, (H + 2K) * D]
+    if pool_k.shape[0] == 0:  # no paged cache: this forward's own keys and values, [B, K, T, D] as rows
+        keys, values = np.empty((B * K * T, D), np.float32), np.empty((B * K * T, D), np.float32)
+        for n in range(N):
+            for g in range(K):
+                row = (n // T * K + g) * T + n % T
+                keys[row], values[row] = heads[n, H + g], heads[n, H + K + g]
+        return q, keys, values
+    pk, pv = pool_k.reshape(-1, KD), pool_v.reshape(-1, KD)
     for n in range(N):  # this forward's keys and values into their slots
         slot = writes[n]
         for j in range(KD):
-            pk[slot, j] = rows[n, at + j]
-            pv[slot, j] = rows[n, at + KD + j]
-    keys = np.empty((reads.shape[0], KD), np.float32)
-    values = np.empty((reads.shape[0], KD), np.float32)
-    for i in range(reads.shape[0]):  # then every visible key and value, gathered
-        slot = reads[i]
-        for j in range(KD):
-            keys[i, j] = pk[slot, j]
-            values[i, j] = pv[slot, j]
-    return keys, values
+            pk[slot, j] = qkv[n, at + j]
+            pv[slot, j] = qkv[n, at + KD + j]
+    S = reads.shape[1]
+    keys, values = np.empty((B * K * S, D), np.float32), np.empty((B * K * S, D), np.float32)
+    for b in range(B):  # then every visible key and value, gathered [B, K, S, D] as rows
+        for i in range(S):
+            slot = reads[b, i]
+            for g in range(K):
+                row = (b * K + g) * S + i
+                for d in range(D):
+                    keys[row, d] = pk[slot, g * D + d]
+                    values[row, d] = pv[slot, g * D + d]
+    return q, keys, values
 
 
-def attention_in(qkv: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
-                 pool_k: torch.Tensor, pool_v: torch.Tensor, writes: torch.Tensor,
-                 reads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """qk_norm_rope_ on qkv [B, T, H + 2K, D], then its keys and values written to their slots
-    `writes` [B * T] of the pools [slots, K, D] and those at `reads` [B, S] gathered: returns (keys,
-    values) [B, K, S, D] (views of [B, S, K, D]). The reference for the pools: engine/cache.py's
-    PagedView.update (index_copy_, index_select)."""
-    B, T, _, D = qkv.shape
-    S, K, R = reads.shape[1], pool_k.shape[1], cos.shape[-1]
-    keys, values = _attention_in(array(qkv).reshape(B * T, -1, D), array(weight), eps, array(cos).reshape(-1, R),
-                                 array(sin).reshape(-1, R), K, array(pool_k), array(pool_v), array(writes),
-                                 array(reads).reshape(-1))  # fmt: skip
-    return tensor(keys).view(B, S, K, D).transpose(1, 2), tensor(values).view(B, S, K, D).transpose(1, 2)
+def attend(normed, w_qkv, wq, wk, eps: float, cos, sin, H: int, K: int, B: int, pool_k=None, pool_v=None,
+           writes=None, reads=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """An attention's input from its normed input rows normed [B * T, C] (numpy float32, as every argument):
+    q, k, v = normed @ w_qkv ([C, (H + 2K) * D]), each query head RMS-normed by wq [D] and each key head by
+    wk [D] and rotated by cos / sin [B * T or T, R] (rope_cos_sin's rows); with the paged cache's pools
+    [slots, K, D], k and v written to their slots `writes` [B * T] and the keys and values at `reads` [B,
+    S] gathered. Returns q [B, H, T, D] and the keys and values [B, K, S, D] (S = T without pools), each
+    contiguous. The references: Attention's linear, rms_norm, apply_rope, and PagedView.update."""
+    D = wq.shape[0]
+    if pool_k is None:
+        pool_k = pool_v = np.empty((0, K, D), np.float32)
+        writes, reads = np.empty(0, np.int64), np.empty((0, 0), np.int64)
+    q, keys, values = _attend(GEMM, normed, w_qkv, wq, wk, eps, cos, sin, H, K, B, pool_k, pool_v, writes, reads)
+    return q.reshape(B, H, -1, D), keys.reshape(B, K, -1, D), values.reshape(B, K, -1, D)
 
 
 # --- MoE: routing with the grouping by expert, the weighted sum -------------------------------------
@@ -165,6 +241,12 @@ def attention_in(qkv: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
 
 @jit
 def _route(logits, bias, n_group, topk_group, top_k, scale, normalise, x, shared):
+    """LLaDA2.1's group-limited top-k on the router's logits [N, E] (their sigmoid scores it), then the
+    rows x [N, C] grouped by expert for grouped GEMMs. Returns (expert ids [N, top_k], best first; xs [N *
+    A, C] in expert order, each expert's rows in token order; token_of [N * A]; each row's routing weight
+    [N * A]; ends [E] int32, where each expert's rows end). With `shared`, xs ends with x itself, the
+    shared expert's group (ends [E + 1]). The references: llada2.Router (the same choice wherever no two
+    scores tie within a rounding, the same weights within one) and Experts.sparse's stable argsort."""
     N, E = logits.shape
     scores = np.empty_like(logits)
     for n in range(N):
@@ -233,21 +315,8 @@ def _route(logits, bias, n_group, topk_group, top_k, scale, normalise, x, shared
     return ids, xs, token_of, w_sorted, ends
 
 
-def route(logits: torch.Tensor, bias: torch.Tensor, n_group: int, topk_group: int, top_k: int, scale: float,
-          normalise: bool, x: torch.Tensor, shared: bool = False):  # fmt: skip
-    """LLaDA2.1's group-limited top-k on the router's logits [N, E] (float32; their sigmoid scores it),
-    then the tokens x [N, C] grouped by expert for grouped GEMMs. Returns (expert ids [N, top_k] int64,
-    best first; xs [N * A, C] in expert order, each expert's rows in token order; token_of [N * A];
-    each row's routing weight [N * A]; ends [E] int32, where each expert's rows end). With `shared`,
-    xs ends with x itself, the shared expert's group (ends [E + 1]). The references: llada2.Router (the
-    sigmoid, the group limit, topk, the normalisation, the scale: the same choice wherever no two
-    scores tie within a rounding, the same weights within one) and Experts.sparse's stable argsort."""
-    out = _route(array(logits), array(bias), n_group, topk_group, top_k, scale, normalise, array(x), shared)
-    return tuple(tensor(a) for a in out)
-
-
 @jit
-def _combine(y, token_of, w_sorted, shared, residual, norm, eps):
+def _combine(y, token_of, w_sorted, shared, residual):
     N, C = residual.shape
     acc = np.zeros((N, C), np.float32)
     for r in range(y.shape[0]):
@@ -259,44 +328,89 @@ def _combine(y, token_of, w_sorted, shared, residual, norm, eps):
     for n in range(N):
         for c in range(C):
             out[n, c] = residual[n, c] + (acc[n, c] + shared[n, c])
+    return out
+
+
+@jit
+def _silu_mul(gate_up):
+    """F.silu(gate) * up for gate_up [n, 2I] (gate, then up), float32: torch's numbers within 2 ulp (its
+    exp, Cephes' polynomial here, differs from torch's in the last bit of about 1 value in 200)."""
+    n, I = gate_up.shape[0], gate_up.shape[1] // 2
+    out = np.empty((n, I), np.float32)
+    poly, bits = np.empty(I, np.float32), np.empty(I, np.int32)
+    scale = bits.view(np.float32)
+    for r in range(n):
+        for i in range(I):  # exp(-gate) = 2^k * p(x - k ln 2): Cephes' expf, in loops the compiler vectorises
+            x = min(max(-gate_up[r, i], np.float32(-87.0)), np.float32(88.0))
+            k = np.floor(x * np.float32(1.44269504088896341) + np.float32(0.5))
+            x = x - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)
+            p = np.float32(1.9875691500e-4)
+            p = p * x + np.float32(1.3981999507e-3)
+            p = p * x + np.float32(8.3334519073e-3)
+            p = p * x + np.float32(4.1665795894e-2)
+            p = p * x + np.float32(1.6666665459e-1)
+            p = p * x + np.float32(5.0000001201e-1)
+            poly[i] = p * x * x + x + np.float32(1.0)
+            bits[i] = (np.int32(k) + np.int32(127)) << 23  # 2^k, its float32 bits
+        for i in range(I):
+            out[r, i] = gate_up[r, i] / (np.float32(1.0) + poly[i] * scale[i]) * gate_up[r, I + i]
+    return out
+
+
+@jit
+def _mlp(fn, x, attn, w_dense, w_post, eps, w_router, bias, n_group, topk_group, top_k, scale, normalise, shared,
+         gate_up, down, norm):  # fmt: skip
+    x = x.copy()
+    _gemm(fn, attn, w_dense, x, 1.0)  # the output projection, the residual its accumulator (torch.addmm's)
+    h = _rms_norm(x, w_post, eps)
+    N = x.shape[0]
+    if w_router.shape[1] == 0:  # a dense MLP: its down projection with the residual as accumulator
+        ids = np.empty((N, 0), np.int64)
+        out = x.copy()
+        _gemm(fn, _silu_mul(_grouped_gemm(fn, h, gate_up, np.full(1, N, np.int32))), down[0], out, 1.0)
+    else:
+        logits = np.empty((N, w_router.shape[1]), np.float32)
+        _gemm(fn, h, w_router, logits, 0.0)
+        ids, xs, token_of, w_sorted, ends = _route(logits, bias, n_group, topk_group, top_k, scale, normalise, h,
+                                                   shared)  # fmt: skip
+        y = _grouped_gemm(fn, _silu_mul(_grouped_gemm(fn, xs, gate_up, ends)), down, ends)
+        routed = token_of.shape[0]
+        out = _combine(y[:routed], token_of, w_sorted, y[routed:] if shared else np.zeros_like(x), x)
     if norm.shape[0] == 0:
-        return out, out[:0]
-    return out, _rms_norm(out, norm, eps)
+        return out, out[:0], ids
+    return out, _rms_norm(out, norm, eps), ids
 
 
-def combine(y: torch.Tensor, token_of: torch.Tensor, w_sorted: torch.Tensor, shared: torch.Tensor,
-            residual: torch.Tensor, norm: torch.Tensor | None = None,
-            eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    """residual + (routed + shared), each [N, C]: the routed sum is each expert row of y [N * A, C]
-    times its weight, added to its token's row in the rows' order (Experts.sparse's multiply and
-    index_add: the same sums in the same order), then SparseMoE's shared add and the layer's residual.
-    With `norm` [C], also that sum RMS-normed by it (rms_norm: the next layer's input norm, or the
-    final one), else None."""
-    weight = array(norm) if norm is not None else np.empty(0, np.float32)
-    out, normed = _combine(array(y), array(token_of), array(w_sorted), array(shared), array(residual), weight, eps)
-    return tensor(out), (tensor(normed) if norm is not None else None)
+def mlp(x, attn, w_dense, w_post, eps: float, gate_up, down, router=None, norm=None):
+    """The rest of a layer after its attention, numpy float32 throughout: x [N, C] (the residual stream)
+    plus attn [N, H * D] @ w_dense [H * D, C] (torch.addmm's); that RMS-normed by w_post [C]; then the MLP,
+    SwiGLU's by groups of rows, each group by its gate_up [G, C, 2I] and down [G, I, C]. With `router`
+    (its weight [C, E], expert bias [E], n_group, topk_group, top_k, scale, normalise, shared: whether the
+    last group is a shared expert) a sparse MoE: the routing and the grouping by expert (_route), each
+    routed row's output times its weight summed per token (Experts.sparse's multiply and index_add: the
+    same sums in the same order), then the shared expert's (SparseMoE's add) and the residual; without, a
+    dense MLP, one group, the residual its down GEMM's accumulator (torch.addmm's). Returns (the layer's
+    output [N, C], that output RMS-normed by `norm` [C] (the next layer's input norm or the final one;
+    None without one), the expert ids [N, A])."""
+    if router is None:
+        router = (np.empty((x.shape[1], 0), np.float32), np.empty(0, np.float32), 1, 1, 1, 1.0, False, False)
+    weight = np.empty(0, np.float32) if norm is None else norm
+    out, normed, ids = _mlp(GEMM, x, attn, w_dense, w_post, eps, *router, gate_up, down, weight)
+    return out, (None if norm is None else normed), ids
 
 
-def warm_up() -> None:
-    """Runs every kernel once on tiny inputs of the types a step passes: the first process on a machine
-    compiles them (seconds; numba caches the result on disk), later ones load them. cpu_layout calls
-    it, so the cost falls in the model's load (a server is still "loading" then), not in a first answer.
-    Kernels that do not compile on this machine turn the switch off (`give_up`): the torch path runs."""
+def warm_up(forward=None) -> None:
+    """Runs rms_norm once on a tiny input, then `forward` (cpu_layout's: a one-token forward of the model,
+    which calls every layer kernel with the types a step passes): the first process on a machine compiles
+    them (seconds; numba caches the result on disk), later ones load them. The cost falls in the model's
+    load (a server is still "loading" then), not in a first answer. Kernels that do not compile on this
+    machine turn the switch off (`give_up`): the torch path runs."""
     started = time.perf_counter()
     try:
         with torch.inference_mode():
-            x, w = torch.ones(2, 4), torch.ones(4)
-            rms_norm(x, w, 1e-6)
-            qkv, weight, table = torch.ones(1, 2, 4, 4), torch.ones(2, 4), torch.ones(2, 2)
-            qk_norm_rope_(qkv, weight, 1e-6, table, table)
-            pool = torch.zeros(4, 1, 4)
-            attention_in(qkv, weight, 1e-6, table, table, pool, pool.clone(), torch.arange(2), torch.arange(3)[None])
-            for shared in (False, True):
-                ids, xs, token_of, w_sorted, ends = route(
-                    torch.ones(2, 4), torch.zeros(4), 2, 1, 2, 2.5, True, x, shared
-                )
-            combine(xs[: len(token_of)], token_of, w_sorted, x, x)
-            combine(xs[: len(token_of)], token_of, w_sorted, x, x, w, 1e-6)
+            rms_norm(torch.ones(2, 4), torch.ones(4), 1e-6)
+            if forward is not None:
+                forward()
     except Exception as err:  # numba's compiler failed here (a toolchain or cache problem): not the model's
         give_up(err)
         return

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -374,7 +375,8 @@ class Experts(nn.Module):
     def grouped(self, xs: torch.Tensor, both: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """Every expert's SwiGLU on its rows of xs [n, C] (expert order; `ends` [E] int32): two grouped
         GEMMs over all experts, gate and up in one (cpu_layout's `both`)."""
-        return grouped_swiglu(xs, both, self.w_down.transpose(1, 2), ends)
+        gate, up = GROUPED_MM(xs, both, offs=ends).chunk(2, dim=-1)
+        return GROUPED_MM(F.silu(gate) * up, self.w_down.transpose(1, 2), offs=ends)
 
     def fused(self, x, expert_ids, weights):
         """llada_lsp/kernels' fused MoE: grouped GEMMs over the touched experts only (Triton, CUDA)."""
@@ -499,92 +501,82 @@ class DecoderLayer(nn.Module):
 
 
 class CPULayer:
-    """A DecoderLayer's inference forward on the CPU in float32, written flat: its GEMMs in torch and
-    the small ops between them as numba loops (kernels/cpu.py: the RMSNorms, q/k norm and RoPE with the
-    paged cache's write and gather, the routing with the grouping by expert, the weighted sum with the
-    shared expert, the residual and the next layer's input norm). The
-    same arithmetic as the modules, within float32 rounding (tests/test_kernels_cpu.py); at a step's
-    shapes a module call or a small op costs more than its work, which is what this saves.
+    """A DecoderLayer's inference forward on the CPU in float32, written flat over numpy arrays: three
+    numba kernels (kernels/cpu.py) with torch's attention and SiLU between them. `cpu.attend`: the QKV
+    GEMM, q/k norm and RoPE, the paged cache's write and gather; `cpu.mlp_in`: the output projection with
+    the residual, the post-attention norm, the router's GEMM, the routing and the grouping by expert, the
+    gate/up GEMMs; `cpu.mlp_out`: the down GEMMs, the weighted sum with the shared expert and the residual,
+    the next layer's input norm. Their GEMMs call the BLAS routine torch's own calls (cpu.GEMM), so they
+    are torch's products bit for bit; the norms and sums agree within float32 rounding
+    (tests/test_kernels_cpu.py). At a step's shapes a torch op costs more to dispatch than to compute,
+    which is what this saves.
 
-    Holds the layer's parameters themselves, so a change of their values or their `.data` is seen;
-    replacing a parameter object needs cpu_layout again. LLaDA2.forward calls it when every layer has
-    one and kernels/cpu.py's switch is on (a float32 CPU step without autograd)."""
+    Reads the parameters' storage in place (numpy views, made again when a parameter's storage changes),
+    so values loaded in place are seen; where the MLP's weights left cpu_layout's storage, `weights` is
+    None and LLaDA2.forward runs the modules."""
 
     def __init__(self, layer: DecoderLayer):
         attention, mlp = layer.attention, layer.mlp
         self.layer_idx = attention.layer_idx
-        self.H, self.K, self.D = attention.n_head, attention.n_kv, attention.head_dim
-        self.attention = attention  # for its q/k norm weight, made again when a norm weight changes
-        self.eps = layer.input_layernorm.eps
+        self.H, self.K = attention.n_head, attention.n_kv
+        self.attention, self.mlp, self.eps = attention, mlp, layer.input_layernorm.eps
         self.w_in, self.w_post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-        self.w_qkv, self.w_dense = attention.query_key_value.weight, attention.dense.weight
-        moe = isinstance(mlp, SparseMoE)
-        self.mlp = mlp.shared_experts if moe else mlp  # the dense MLP, or the shared expert (None: none)
-        self.moe = mlp if moe else None
-        self.expert_ids: torch.Tensor | None = None  # the last forward's routing [N, A] (benchmarks read it)
+        self.params = [self.w_in, self.w_post, attention.query_key_value.weight, attention.query_layernorm.weight,
+                       attention.key_layernorm.weight, attention.dense.weight, *mlp.parameters()]  # fmt: skip
+        self.expert_ids: np.ndarray | None = None  # the last forward's routing [N, A] (benchmarks read it)
+        self._weights: tuple[tuple[int, ...], tuple | None] | None = None
 
-    def __call__(self, x: torch.Tensor, cos, sin, allow, kv, normed: torch.Tensor | None = None,
-                 norm_after: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-        """x [B, T, C] -> (the layer's output [B, T, C], that output RMS-normed by `norm_after` [C] or
-        None without one). `normed`: x already normed by this layer's input norm (the layer before
-        made it with its last loop), else None."""
-        B, T, C = x.shape
-        N, H, K, D = B * T, self.H, self.K, self.D
-        x = x.view(N, C)
-        normed = cpu.rms_norm(x, self.w_in, self.eps) if normed is None else normed.view(N, C)
-        qkv = F.linear(normed, self.w_qkv).view(B, T, H + 2 * K, D)
-        pools = kv.pools(self.layer_idx) if hasattr(kv, "pools") else None
-        if pools is not None:  # normed, rotated, written to the cache and the visible keys gathered: one loop
-            k, v = cpu.attention_in(qkv, self.attention.qk_norm_weight(), self.eps, cos, sin, *pools)
-            q = qkv[:, :, :H].transpose(1, 2)
-        else:
-            cpu.qk_norm_rope_(qkv, self.attention.qk_norm_weight(), self.eps, cos, sin)
-            q, k, v = qkv.transpose(1, 2).split([H, K, K], dim=1)  # [B, H|K|K, T, D]
-            if kv is not None:
-                k, v = kv.update(self.layer_idx, k, v)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allow, enable_gqa=K != H)
-        x = torch.addmm(x, out.transpose(1, 2).reshape(N, H * D), self.w_dense.T)  # the residual added
-        h = cpu.rms_norm(x, self.w_post, self.eps)
-        if self.moe is None:  # the dense MLP
-            out = self.swiglu(h, self.mlp, x)
-            after = None if norm_after is None else cpu.rms_norm(out, norm_after, self.eps).view(B, T, C)
-            return out.view(B, T, C), after
-        r, joint = self.moe.gate, self.moe.joint_weights()
-        self.expert_ids, xs, token_of, w_sorted, ends = cpu.route(
-            F.linear(h, r.weight), r.expert_bias, r.n_group, r.topk_group, r.top_k, r.scale, r.normalise, h,
-            shared=joint is not None)  # fmt: skip
-        if joint is not None:  # the shared expert is the grouped GEMMs' last group (cpu_layout's joint storage)
-            y, routed = grouped_swiglu(xs, *joint, ends), len(token_of)
-            return self._shaped(cpu.combine(y[:routed], token_of, w_sorted, y[routed:], x, norm_after, self.eps), B, T)
-        experts = self.moe.experts
-        shared = self.swiglu(h, self.mlp) if self.mlp is not None else torch.zeros_like(x)
-        both = fused_gate_up(experts.gate_up, experts.w_gate, experts.w_up)
-        if both is None:  # the weights were replaced since cpu_layout: two grouped GEMMs of their own
-            gate, up = (GROUPED_MM(xs, w.transpose(1, 2), offs=ends) for w in (experts.w_gate, experts.w_up))
-            y = GROUPED_MM(F.silu(gate) * up, experts.w_down.transpose(1, 2), offs=ends)
-        else:
-            y = experts.grouped(xs, both, ends)
-        return self._shaped(cpu.combine(y, token_of, w_sorted, shared, x, norm_after, self.eps), B, T)
+    def weights(self) -> tuple | None:
+        """The kernels' weight arguments (numpy views of the parameters' storage), made again when a
+        parameter's storage moved; None where the MLP's weights are not in cpu_layout's storage."""
+        key = tuple(p.data_ptr() for p in self.params)
+        if self._weights is None or self._weights[0] != key:
+            self._weights = key, self._make_weights()
+        return self._weights[1]
 
-    @staticmethod
-    def _shaped(
-        both: tuple[torch.Tensor, torch.Tensor | None], B: int, T: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        x, normed = both
-        return x.view(B, T, -1), (None if normed is None else normed.view(B, T, -1))
-
-    @staticmethod
-    def swiglu(h: torch.Tensor, mlp: MLP, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """MLP.forward on h (plus `residual`, added by the down projection's GEMM)."""
-        both = fused_gate_up(mlp.gate_up, mlp.gate_proj.weight, mlp.up_proj.weight)
-        if both is None:
-            gate, up = F.linear(h, mlp.gate_proj.weight), F.linear(h, mlp.up_proj.weight)
+    def _make_weights(self) -> tuple | None:
+        attention, mlp = self.attention, self.mlp
+        linears = (
+            cpu.array(attention.query_key_value.weight.T),
+            cpu.array(attention.query_layernorm.weight),
+            cpu.array(attention.key_layernorm.weight),
+            cpu.array(attention.dense.weight.T),
+        )
+        if isinstance(mlp, SparseMoE):
+            experts, joint, r = mlp.experts, mlp.joint_weights(), mlp.gate
+            if joint is None:  # no shared expert: the routed experts' own storage
+                both = fused_gate_up(experts.gate_up, experts.w_gate, experts.w_up)
+                if mlp.shared_experts is not None or both is None:
+                    return None
+                joint = both, experts.w_down.transpose(1, 2)
+            router = (cpu.array(r.weight).T, cpu.array(r.expert_bias), r.n_group, r.topk_group, r.top_k, r.scale,
+                      r.normalise, mlp.shared_experts is not None)  # fmt: skip
         else:
-            gate, up = (h @ both).chunk(2, dim=-1)
-        act = F.silu(gate).mul_(up)
-        if residual is None:
-            return F.linear(act, mlp.down_proj.weight)
-        return torch.addmm(residual, act, mlp.down_proj.weight.T)
+            both = fused_gate_up(mlp.gate_up, mlp.gate_proj.weight, mlp.up_proj.weight)
+            if both is None:
+                return None
+            joint, router = (both[None], mlp.down_proj.weight.T[None]), None
+        if not all(w.is_contiguous() for w in joint):
+            return None
+        return (cpu.array(self.w_in), cpu.array(self.w_post), *linears, *(cpu.array(w) for w in joint), router)
+
+    def __call__(self, weights: tuple, x: np.ndarray, normed: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+                 allow: torch.Tensor | None, kv, host: tuple | None, B: int,
+                 norm_after: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
+        """x [B * T, C] and its input-normed rows `normed` (the layer before made them) -> (the layer's
+        output, that output normed by `norm_after` [C], or None without one). cos / sin [B * T or T, R];
+        `host`: the paged cache's pools and slots (PagedView.host_pools), else None (then `kv`, when given,
+        a view whose `update` takes this forward's keys and values)."""
+        _, w_post, w_qkv, w_q, w_k, w_dense, gate_up, down, router = weights
+        pools = () if host is None else (host[0][self.layer_idx], host[1][self.layer_idx], *host[2:])
+        q, k, v = (torch.from_numpy(a) for a in cpu.attend(normed, w_qkv, w_q, w_k, self.eps, cos, sin, self.H, self.K,
+                                                           B, *pools))  # fmt: skip
+        if host is None and kv is not None:
+            k, v = kv.update(self.layer_idx, k, v)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allow, enable_gqa=self.K != self.H)  # [B, H, T, D]
+        attn = out.transpose(1, 2).numpy().reshape(x.shape[0], -1)
+        x, normed, self.expert_ids = cpu.mlp(x, attn, w_dense, w_post, self.eps, gate_up, down, router, norm_after)
+        return x, normed
 
 
 class LLaDA2Backbone(nn.Module):
@@ -667,23 +659,13 @@ class LLaDA2(nn.Module):
             real = getattr(kv, "real", None) if kv is not None else None
             blocks = RoutingBlocks.of(positions, real, B, self.config.block_size)
         x = self.model.word_embeddings(input_ids)
-        # cpu_layout's flat layers where the CPU kernels' switch is on and the GPU kernels' is not (a test
-        # may turn the Triton kernels on for CPU tensors: their interpreter)
-        fused = self.model.layers[0].fused is not None and not self.hops and cpu.enabled(x) and not kernels.enabled(x)
-        if fused:  # each position's row of tables made once (the same numbers: a row is its position's own)
-            cos, sin = (F.embedding(positions, table) for table in self.rope_tables(positions.device))
-        else:
-            cos, sin = rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta, self.dtype)
+        if self.model.layers[0].fused is not None and not self.hops and cpu.enabled(x) and not kernels.enabled(x):
+            flat = self._flat(x, positions, allow, kv, last_n)  # cpu_layout's flat layers (float32, no autograd)
+            if flat is not NotImplemented:
+                return flat
+        cos, sin = rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta, self.dtype)
         if positions.dim() == 2:  # per-row positions: [B, T, r] -> [B, 1, T, r], broadcast over heads
             cos, sin = cos[:, None], sin[:, None]
-        if fused:  # cpu_layout's flat layers (float32, no autograd), each norming the next one's input
-            layers, normed = self.model.layers, None
-            for i, layer in enumerate(layers):
-                after = layers[i + 1].fused.w_in if i + 1 < len(layers) else self.model.norm.weight
-                x, normed = layer.fused(x, cos, sin, allow, kv, normed, after if last_n != 0 else None)
-            if last_n == 0:
-                return None
-            return self.lm_head(normed if last_n is None else normed[:, -last_n:])
         for i, layer in enumerate(self.model.layers):
             if i in self.hops:
                 x, cos, sin, allow = hand_off(self.hops[i], x, cos, sin, allow)
@@ -695,6 +677,30 @@ class LLaDA2(nn.Module):
         if last_n is not None:
             x = x[:, -last_n:]
         return self.lm_head(self.model.norm(x))
+
+    def _flat(self, x: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor | None, kv, last_n: int | None):
+        """forward through cpu_layout's flat layers (CPULayer) from the embeddings x [B, T, C], over numpy
+        arrays, each layer norming the next one's input (the last, the final norm's); NotImplemented where
+        a layer's weights left cpu_layout's storage (the modules' path runs)."""
+        layers = [layer.fused for layer in self.model.layers]
+        weights = [layer.weights() for layer in layers]
+        if any(w is None for w in weights):
+            return NotImplemented
+        B, T, C = x.shape
+        # each position's row of the RoPE tables made once (the same numbers: a row is its position's own)
+        cos, sin = (F.embedding(positions, table).numpy().reshape(-1, table.shape[1])
+                    for table in self.rope_tables(positions.device))  # fmt: skip
+        host = kv.host_pools() if kv is not None and hasattr(kv, "host_pools") else None
+        normed = cpu.rms_norm(x, self.model.layers[0].input_layernorm.weight, layers[0].eps).view(B * T, C).numpy()
+        x = x.view(B * T, C).numpy()
+        final = cpu.array(self.model.norm.weight) if last_n != 0 else None  # (none for a prefill)
+        for i, layer in enumerate(layers):
+            after = weights[i + 1][0] if i + 1 < len(layers) else final
+            x, normed = layer(weights[i], x, normed, cos, sin, allow, kv, host, B, after)
+        if last_n == 0:
+            return None
+        rows = normed if last_n is None or last_n == T else normed.reshape(B, T, C)[:, T - last_n :].reshape(-1, C)
+        return torch.from_numpy(cpu.gemm(rows, cpu.array(self.lm_head.weight.T))).view(B, -1, self.config.vocab_size)
 
 
 def cpu_layout(model: LLaDA2) -> None:
@@ -732,11 +738,11 @@ def cpu_layout(model: LLaDA2) -> None:
     # routing or FP8 experts (their modules' paths run)
     layers = model.model.layers
     plain = all(not isinstance(layer.mlp, SparseMoE) or type(layer.mlp.experts) is Experts for layer in layers)
-    fused = cpu.numba is not None and plain and not model.config.block_routing
+    fused = cpu.GEMM is not None and plain and not model.config.block_routing
     for layer in layers:
         layer.fused = CPULayer(layer) if fused else None
-    if fused and cpu.ON:
-        cpu.warm_up()
+    if fused and cpu.ON and model.dtype == torch.float32:  # compiles what a step runs (a one-token forward)
+        cpu.warm_up(lambda: model(torch.zeros(1, 1, dtype=torch.long, device=model.device)))
 
 
 def joint_storage(moe: SparseMoE) -> None:
@@ -759,13 +765,6 @@ def joint_storage(moe: SparseMoE) -> None:
     moe.joint = gate_up, down
     moe.joint_pointers = tuple(w.data_ptr() for w in (experts.w_gate, experts.w_up, experts.w_down, shared.gate_proj.weight,
                                                       shared.up_proj.weight, shared.down_proj.weight))  # fmt: skip
-
-
-def grouped_swiglu(xs: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """SwiGLU of each group of rows of xs [n, C] (`ends` [G] int32) by its own weights: gate_up
-    [G, C, 2I], down [G, I, C] (contiguous: cpu_layout's storage), two grouped GEMMs over all groups."""
-    gate, up = GROUPED_MM(xs, gate_up, offs=ends).chunk(2, dim=-1)
-    return GROUPED_MM(F.silu(gate) * up, down, offs=ends)
 
 
 def fused_gate_up(both: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
