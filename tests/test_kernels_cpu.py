@@ -173,6 +173,8 @@ def test_gemm_is_torchs_own():
         cpu.gemm(x.numpy(), weight.numpy(), acc)
         same(acc, torch.addmm(residual, x, weight))
         assert cpu.gemm(x.numpy()[:0], weight.numpy()).shape == (0, 48)
+        with pytest.raises(ValueError, match="unit stride"):  # (a column slice: a layout no caller passes)
+            cpu.gemm(x.numpy()[:, ::2], weight.numpy()[::2])
 
 
 def test_silu_mul_is_torchs_within_rounding():
@@ -265,7 +267,7 @@ def test_loading_compiles_what_a_step_runs():
     from llada_lsp.model import load_model
 
     model = load_model(None, device="cpu", dtype=torch.float32)
-    kernels = [cpu._rms_norm, cpu._attend, cpu._mlp, cpu._gemm]
+    kernels = [cpu._rms_norm, cpu._attend, cpu._mlp, cpu._mlp_attend, cpu._gemm]
     before = [list(k.signatures) for k in kernels]
     assert all(before)
     Engine(model).generation(prompt_ids=list(range(10, 200)), gen_length=40, policy="speed").run()

@@ -1,11 +1,16 @@
-"""CPU kernels (numba) with plain-PyTorch references: the small ops around a CPU step's GEMMs fused
-into one compiled loop each. At the embedded model's shapes (32 rows of 256) a torch op costs more to
-dispatch than to compute, so a step is mostly overhead; each kernel here replaces several such ops.
+"""CPU kernels (numba) with plain-PyTorch references: a decoder layer's inference forward on the CPU as
+two compiled calls around torch's attention. At the embedded model's shapes (32 rows of 256) a torch op
+costs more to dispatch than to compute, so a step was mostly overhead around its GEMMs. Here the kernels
+call the GEMM themselves (`GEMM`: the BLAS routine torch's own CPU matmul calls, so the products are
+torch's bit for bit) and do the small ops between the GEMMs in loops: `attend` (QKV projection, q/k
+norm, RoPE, the paged cache's write and gather) and `mlp` / `mlp_attend` (output projection, norm,
+routing, the experts' grouped GEMMs with SwiGLU, the weighted sum, the next layer's norm and, with
+`mlp_attend`, its `attend`).
 
 `enabled(x)` is the one switch: float32 CPU tensors under no_grad / inference_mode (the engine's),
 numba installed, not under torch.compile, unless LLADA_LSP_KERNELS=0. Everywhere else the model's
-torch path runs. Bulk passes (the step rule's exponentials, SiLU) stay in torch: its vectorised math
-library beats a numba loop.
+torch path runs. The step rule's exponentials stay in torch (its confidence must be the reference's to
+the bit); SiLU's runs here as Cephes' polynomial in loops LLVM vectorises, within 2 ulp of torch's.
 Knows nothing of modules, checkpoints or decoding policy.
 """
 
@@ -70,9 +75,6 @@ def array(t: torch.Tensor):
     return t.detach().numpy()
 
 
-tensor = torch.from_numpy  # a kernel's result (allocated in the kernel: one call less per output)
-
-
 def jit(fn=None, **options):
     """numba.njit with the on-disk cache (one compile per machine, a load per process after; this
     module's kernels and cpu_step's); `reduce`
@@ -98,6 +100,8 @@ def _gemm(fn, a, b, c, beta):
     N = b.shape[1]
     if M == 0 or N == 0:
         return
+    if (a.strides[1] != 4 and a.strides[0] != 4) or (b.strides[1] != 4 and b.strides[0] != 4) or c.strides[1] != 4:
+        raise ValueError("gemm: an operand without a unit stride")
     trans = np.empty(2, np.uint8)
     ints = np.empty(6, np.int32)
     scalars = np.empty(2, np.float32)
@@ -152,7 +156,7 @@ def _rms_norm(x, w, eps):  # x [N, C]; w [C] -> [N, C]
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., C] (contiguous) normalised over C times weight [C]: llada2.rms_norm's float32 numbers
     within rounding (the sum of squares is vectorised in another order)."""
-    return tensor(_rms_norm(array(x).reshape(-1, x.shape[-1]), array(weight), eps)).view(x.shape)
+    return torch.from_numpy(_rms_norm(array(x).reshape(-1, x.shape[-1]), array(weight), eps)).view(x.shape)
 
 
 # --- attention's input: the QKV GEMM, q/k norm and RoPE, the paged cache's write and gather ----------
@@ -228,11 +232,16 @@ def attend(normed, w_qkv, wq, wk, eps: float, cos, sin, H: int, K: int, B: int, 
     [slots, K, D], k and v written to their slots `writes` [B * T] and the keys and values at `reads` [B,
     S] gathered. Returns q [B, H, T, D] and the keys and values [B, K, S, D] (S = T without pools), each
     contiguous. The references: Attention's linear, rms_norm, apply_rope, and PagedView.update."""
-    D = wq.shape[0]
-    if pool_k is None:
-        pool_k = pool_v = np.empty((0, K, D), np.float32)
-        writes, reads = np.empty(0, np.int64), np.empty((0, 0), np.int64)
-    q, keys, values = _attend(GEMM, normed, w_qkv, wq, wk, eps, cos, sin, H, K, B, pool_k, pool_v, writes, reads)
+    pools = _no_pools(K, wq.shape[0]) if pool_k is None else (pool_k, pool_v, writes, reads)
+    return _shaped(*_attend(GEMM, normed, w_qkv, wq, wk, eps, cos, sin, H, K, B, *pools), B, H, K, wq.shape[0])
+
+
+def _no_pools(K: int, D: int) -> tuple[np.ndarray, ...]:
+    empty = np.empty((0, K, D), np.float32)
+    return empty, empty, np.empty(0, np.int64), np.empty((0, 0), np.int64)
+
+
+def _shaped(q, keys, values, B: int, H: int, K: int, D: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return q.reshape(B, H, -1, D), keys.reshape(B, K, -1, D), values.reshape(B, K, -1, D)
 
 
@@ -393,10 +402,38 @@ def mlp(x, attn, w_dense, w_post, eps: float, gate_up, down, router=None, norm=N
     output [N, C], that output RMS-normed by `norm` [C] (the next layer's input norm or the final one;
     None without one), the expert ids [N, A])."""
     if router is None:
-        router = (np.empty((x.shape[1], 0), np.float32), np.empty(0, np.float32), 1, 1, 1, 1.0, False, False)
+        router = _dense_router(x.shape[1])
     weight = np.empty(0, np.float32) if norm is None else norm
     out, normed, ids = _mlp(GEMM, x, attn, w_dense, w_post, eps, *router, gate_up, down, weight)
     return out, (None if norm is None else normed), ids
+
+
+@jit
+def _mlp_attend(fn, x, attn, w_dense, w_post, eps, w_router, bias, n_group, topk_group, top_k, scale, normalise,
+                shared, gate_up, down, norm, w_qkv, wq, wk, eps_next, cos, sin, H, K, B, pool_k, pool_v, writes,
+                reads):  # fmt: skip
+    out, normed, ids = _mlp(fn, x, attn, w_dense, w_post, eps, w_router, bias, n_group, topk_group, top_k, scale,
+                            normalise, shared, gate_up, down, norm)  # fmt: skip
+    q, keys, values = _attend(fn, normed, w_qkv, wq, wk, eps_next, cos, sin, H, K, B, pool_k, pool_v, writes, reads)
+    return out, ids, q, keys, values
+
+
+def mlp_attend(x, attn, w_dense, w_post, eps: float, gate_up, down, router, norm, w_qkv, wq, wk, eps_next: float, cos,
+               sin, H: int, K: int, B: int, pool_k=None, pool_v=None, writes=None, reads=None):  # fmt: skip
+    """`mlp` (its output normed by the next layer's input norm `norm`), then the next layer's `attend` on
+    those rows, in one kernel call: returns (the layer's output [N, C], the expert ids [N, A], the next
+    layer's (q, keys, values)). Between two attentions a step thus calls one kernel."""
+    if router is None:
+        router = _dense_router(x.shape[1])
+    pools = _no_pools(K, wq.shape[0]) if pool_k is None else (pool_k, pool_v, writes, reads)
+    out, ids, q, keys, values = _mlp_attend(GEMM, x, attn, w_dense, w_post, eps, *router, gate_up, down, norm, w_qkv,
+                                            wq, wk, eps_next, cos, sin, H, K, B, *pools)  # fmt: skip
+    return out, ids, _shaped(q, keys, values, B, H, K, wq.shape[0])
+
+
+def _dense_router(C: int) -> tuple:
+    """mlp's router arguments for a dense MLP (no router: a weight [C, 0])."""
+    return np.empty((C, 0), np.float32), np.empty(0, np.float32), 1, 1, 1, 1.0, False, False
 
 
 def warm_up(forward=None) -> None:

@@ -501,18 +501,17 @@ class DecoderLayer(nn.Module):
 
 
 class CPULayer:
-    """A DecoderLayer's inference forward on the CPU in float32, written flat over numpy arrays: three
-    numba kernels (kernels/cpu.py) with torch's attention and SiLU between them. `cpu.attend`: the QKV
-    GEMM, q/k norm and RoPE, the paged cache's write and gather; `cpu.mlp_in`: the output projection with
-    the residual, the post-attention norm, the router's GEMM, the routing and the grouping by expert, the
-    gate/up GEMMs; `cpu.mlp_out`: the down GEMMs, the weighted sum with the shared expert and the residual,
-    the next layer's input norm. Their GEMMs call the BLAS routine torch's own calls (cpu.GEMM), so they
-    are torch's products bit for bit; the norms and sums agree within float32 rounding
-    (tests/test_kernels_cpu.py). At a step's shapes a torch op costs more to dispatch than to compute,
-    which is what this saves.
+    """A DecoderLayer's inference forward on the CPU in float32, over numpy arrays, as LLaDA2._flat runs
+    it: `cpu.attend` (the QKV GEMM, q/k norm and RoPE, the paged cache's write and gather), torch's
+    attention (`attention_out`), then `cpu.mlp_attend` (the output projection with the residual, the
+    post-attention norm, the router's GEMM, the routing and grouping by expert, the experts' GEMMs with
+    SwiGLU, the weighted sum with the shared expert and the residual, the next layer's input norm and its
+    `attend`), so between two attentions a step calls one kernel (the last layer: `cpu.mlp`, the final
+    norm). The kernels' GEMMs call the BLAS routine torch's own calls (cpu.GEMM): torch's products bit for
+    bit; the norms, SiLU and sums agree within float32 rounding (tests/test_kernels_cpu.py).
 
-    Reads the parameters' storage in place (numpy views, made again when a parameter's storage changes),
-    so values loaded in place are seen; where the MLP's weights left cpu_layout's storage, `weights` is
+    Holds the layer's parameters and hands the kernels numpy views of their storage (`weights`), so
+    values loaded in place are seen; where the MLP's weights left cpu_layout's storage, `weights` is
     None and LLaDA2.forward runs the modules."""
 
     def __init__(self, layer: DecoderLayer):
@@ -560,23 +559,27 @@ class CPULayer:
             return None
         return (cpu.array(self.w_in), cpu.array(self.w_post), *linears, *(cpu.array(w) for w in joint), router)
 
-    def __call__(self, weights: tuple, x: np.ndarray, normed: np.ndarray, cos: np.ndarray, sin: np.ndarray,
-                 allow: torch.Tensor | None, kv, host: tuple | None, B: int,
-                 norm_after: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
-        """x [B * T, C] and its input-normed rows `normed` (the layer before made them) -> (the layer's
-        output, that output normed by `norm_after` [C], or None without one). cos / sin [B * T or T, R];
-        `host`: the paged cache's pools and slots (PagedView.host_pools), else None (then `kv`, when given,
-        a view whose `update` takes this forward's keys and values)."""
-        _, w_post, w_qkv, w_q, w_k, w_dense, gate_up, down, router = weights
+    def attend_args(self, weights: tuple, cos: np.ndarray, sin: np.ndarray, B: int, host: tuple | None) -> tuple:
+        """cpu.attend's arguments after the normed rows: this layer's weights, the RoPE rows cos / sin [B * T
+        or T, R], and `host`'s pools and slots for this layer (PagedView.host_pools; None: no paged cache)."""
         pools = () if host is None else (host[0][self.layer_idx], host[1][self.layer_idx], *host[2:])
-        q, k, v = (torch.from_numpy(a) for a in cpu.attend(normed, w_qkv, w_q, w_k, self.eps, cos, sin, self.H, self.K,
-                                                           B, *pools))  # fmt: skip
+        return (*weights[2:5], self.eps, cos, sin, self.H, self.K, B, *pools)
+
+    def mlp_args(self, weights: tuple) -> tuple:
+        """cpu.mlp's arguments after x and the attention's output rows."""
+        _, w_post, _, _, _, w_dense, gate_up, down, router = weights
+        return w_dense, w_post, self.eps, gate_up, down, router
+
+    def attention_out(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, allow: torch.Tensor | None, kv,
+                  host: tuple | None) -> np.ndarray:  # fmt: skip
+        """The attention of q [B, H, T, D] over the keys and values [B, K, S, D] (cpu.attend's) -> its
+        output rows [B * T, H * D]. Without the paged cache (`host` None) a `kv` view's `update` takes this
+        forward's keys and values and gives every visible one."""
+        q, k, v = torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v)
         if host is None and kv is not None:
             k, v = kv.update(self.layer_idx, k, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allow, enable_gqa=self.K != self.H)  # [B, H, T, D]
-        attn = out.transpose(1, 2).numpy().reshape(x.shape[0], -1)
-        x, normed, self.expert_ids = cpu.mlp(x, attn, w_dense, w_post, self.eps, gate_up, down, router, norm_after)
-        return x, normed
+        return out.transpose(1, 2).numpy().reshape(q.shape[0] * q.shape[2], -1)
 
 
 class LLaDA2Backbone(nn.Module):
@@ -694,9 +697,15 @@ class LLaDA2(nn.Module):
         normed = cpu.rms_norm(x, self.model.layers[0].input_layernorm.weight, layers[0].eps).view(B * T, C).numpy()
         x = x.view(B * T, C).numpy()
         final = cpu.array(self.model.norm.weight) if last_n != 0 else None  # (none for a prefill)
-        for i, layer in enumerate(layers):
-            after = weights[i + 1][0] if i + 1 < len(layers) else final
-            x, normed = layer(weights[i], x, normed, cos, sin, allow, kv, host, B, after)
+        qkv = cpu.attend(normed, *layers[0].attend_args(weights[0], cos, sin, B, host))
+        for i, layer in enumerate(layers):  # an attention, then one kernel to the next layer's q, k and v
+            attn = layer.attention_out(*qkv, allow, kv, host)
+            if i + 1 < len(layers):
+                x, layer.expert_ids, qkv = cpu.mlp_attend(
+                    x, attn, *layer.mlp_args(weights[i]), weights[i + 1][0],
+                    *layers[i + 1].attend_args(weights[i + 1], cos, sin, B, host))  # fmt: skip
+            else:
+                x, normed, layer.expert_ids = cpu.mlp(x, attn, *layer.mlp_args(weights[i]), final)
         if last_n == 0:
             return None
         rows = normed if last_n is None or last_n == T else normed.reshape(B, T, C)[:, T - last_n :].reshape(-1, C)
