@@ -373,7 +373,7 @@ def _mlp(fn, x, attn, w_dense, w_post, eps, w_router, bias, n_group, topk_group,
     _gemm(fn, attn, w_dense, x, 1.0)  # the output projection, the residual its accumulator (torch.addmm's)
     h = _rms_norm(x, w_post, eps)
     N = x.shape[0]
-    if w_router.shape[1] == 0:  # a dense MLP: its down projection with the residual as accumulator
+    if top_k == 0:  # a dense MLP: its down projection with the residual as accumulator
         ids = np.empty((N, 0), np.int64)
         out = x.copy()
         _gemm(fn, _silu_mul(_grouped_gemm(fn, h, gate_up, np.full(1, N, np.int32))), down[0], out, 1.0)
@@ -432,8 +432,9 @@ def mlp_attend(x, attn, w_dense, w_post, eps: float, gate_up, down, router, norm
 
 
 def _dense_router(C: int) -> tuple:
-    """mlp's router arguments for a dense MLP (no router: a weight [C, 0])."""
-    return np.empty((C, 0), np.float32), np.empty(0, np.float32), 1, 1, 1, 1.0, False, False
+    """mlp's router arguments for a dense MLP: top_k 0, and a weight laid out as a router's (the transpose
+    of a contiguous [E, C]), so both kinds of layer share one compiled kernel."""
+    return np.zeros((2, C), np.float32).T, np.zeros(2, np.float32), 1, 1, 0, 1.0, False, False
 
 
 def warm_up(forward=None) -> None:
