@@ -10,6 +10,7 @@ I expert width, V vocab.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -500,6 +501,20 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x), blocks)
 
 
+class CPUWeights(NamedTuple):
+    """A CPULayer's weights as its kernels take them: numpy views of the parameters' storage."""
+
+    w_in: np.ndarray  # [C] the input norm's
+    w_post: np.ndarray  # [C] the post-attention norm's
+    w_qkv: np.ndarray  # [C, (H + 2K) * D]
+    w_q: np.ndarray  # [D] the query norm's
+    w_k: np.ndarray  # [D] the key norm's
+    w_dense: np.ndarray  # [H * D, C]
+    gate_up: np.ndarray  # [G, C, 2I]: each group's gate and up (the routed experts, then the shared one)
+    down: np.ndarray  # [G, I, C]
+    router: tuple | None  # cpu.mlp's router arguments; None: a dense MLP (one group)
+
+
 class CPULayer:
     """A DecoderLayer's inference forward on the CPU in float32, over numpy arrays, as LLaDA2._flat runs
     it: `cpu.attend` (the QKV GEMM, q/k norm and RoPE, the paged cache's write and gather), torch's
@@ -511,8 +526,9 @@ class CPULayer:
     bit; the norms, SiLU and sums agree within float32 rounding (tests/test_kernels_cpu.py).
 
     Holds the layer's parameters and hands the kernels numpy views of their storage (`weights`), so
-    values loaded in place are seen; where the MLP's weights left cpu_layout's storage, `weights` is
-    None and LLaDA2.forward runs the modules."""
+    values loaded in place and a parameter's `.data` replaced are seen (replacing a parameter object
+    needs cpu_layout again); where the MLP's weights left cpu_layout's storage, `weights` is None and
+    LLaDA2.forward runs the modules."""
 
     def __init__(self, layer: DecoderLayer):
         attention, mlp = layer.attention, layer.mlp
@@ -523,9 +539,9 @@ class CPULayer:
         self.params = [self.w_in, self.w_post, attention.query_key_value.weight, attention.query_layernorm.weight,
                        attention.key_layernorm.weight, attention.dense.weight, *mlp.parameters()]  # fmt: skip
         self.expert_ids: np.ndarray | None = None  # the last forward's routing [N, A] (benchmarks read it)
-        self._weights: tuple[tuple[int, ...], tuple | None] | None = None
+        self._weights: tuple[tuple[int, ...], CPUWeights | None] | None = None
 
-    def weights(self) -> tuple | None:
+    def weights(self) -> CPUWeights | None:
         """The kernels' weight arguments (numpy views of the parameters' storage), made again when a
         parameter's storage moved; None where the MLP's weights are not in cpu_layout's storage."""
         key = tuple(p.data_ptr() for p in self.params)
@@ -533,14 +549,8 @@ class CPULayer:
             self._weights = key, self._make_weights()
         return self._weights[1]
 
-    def _make_weights(self) -> tuple | None:
+    def _make_weights(self) -> CPUWeights | None:
         attention, mlp = self.attention, self.mlp
-        linears = (
-            cpu.array(attention.query_key_value.weight.T),
-            cpu.array(attention.query_layernorm.weight),
-            cpu.array(attention.key_layernorm.weight),
-            cpu.array(attention.dense.weight.T),
-        )
         if isinstance(mlp, SparseMoE):
             experts, joint, r = mlp.experts, mlp.joint_weights(), mlp.gate
             if joint is None:  # no shared expert: the routed experts' own storage
@@ -557,18 +567,19 @@ class CPULayer:
             joint, router = (both[None], mlp.down_proj.weight.T[None]), None
         if not all(w.is_contiguous() for w in joint):
             return None
-        return (cpu.array(self.w_in), cpu.array(self.w_post), *linears, *(cpu.array(w) for w in joint), router)
+        return CPUWeights(cpu.array(self.w_in), cpu.array(self.w_post), cpu.array(attention.query_key_value.weight.T),
+                          cpu.array(attention.query_layernorm.weight), cpu.array(attention.key_layernorm.weight),
+                          cpu.array(attention.dense.weight.T), cpu.array(joint[0]), cpu.array(joint[1]), router)  # fmt: skip
 
-    def attend_args(self, weights: tuple, cos: np.ndarray, sin: np.ndarray, B: int, host: tuple | None) -> tuple:
+    def attend_args(self, w: CPUWeights, cos: np.ndarray, sin: np.ndarray, B: int, host: tuple | None) -> tuple:
         """cpu.attend's arguments after the normed rows: this layer's weights, the RoPE rows cos / sin [B * T
         or T, R], and `host`'s pools and slots for this layer (PagedView.host_pools; None: no paged cache)."""
         pools = () if host is None else (host[0][self.layer_idx], host[1][self.layer_idx], *host[2:])
-        return (*weights[2:5], self.eps, cos, sin, self.H, self.K, B, *pools)
+        return (w.w_qkv, w.w_q, w.w_k, self.eps, cos, sin, self.H, self.K, B, *pools)
 
-    def mlp_args(self, weights: tuple) -> tuple:
+    def mlp_args(self, w: CPUWeights) -> tuple:
         """cpu.mlp's arguments after x and the attention's output rows."""
-        _, w_post, _, _, _, w_dense, gate_up, down, router = weights
-        return w_dense, w_post, self.eps, gate_up, down, router
+        return w.w_dense, w.w_post, self.eps, w.gate_up, w.down, w.router
 
     def attention_out(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, allow: torch.Tensor | None, kv,
                   host: tuple | None) -> np.ndarray:  # fmt: skip
@@ -702,7 +713,7 @@ class LLaDA2(nn.Module):
             attn = layer.attention_out(*qkv, allow, kv, host)
             if i + 1 < len(layers):
                 x, layer.expert_ids, qkv = cpu.mlp_attend(
-                    x, attn, *layer.mlp_args(weights[i]), weights[i + 1][0],
+                    x, attn, *layer.mlp_args(weights[i]), weights[i + 1].w_in,
                     *layers[i + 1].attend_args(weights[i + 1], cos, sin, B, host))  # fmt: skip
             else:
                 x, normed, layer.expert_ids = cpu.mlp(x, attn, *layer.mlp_args(weights[i]), final)
