@@ -260,6 +260,23 @@ def test_the_switch():
     assert all(layer.fused is None for layer in routed_per_block.model.layers)  # LLaDA2.2: the modules
 
 
+def test_no_blas_routine_means_the_modules(monkeypatch):
+    """A torch build whose library carries no sgemm (cpu.GEMM None) gets no flat layers: the model
+    answers through its modules, with the same tokens."""
+    from llada_lsp.engine import Engine
+
+    monkeypatch.setattr(cpu, "GEMM", None)
+    plain = small_model(small_config())
+    assert all(layer.fused is None for layer in plain.model.layers)
+    monkeypatch.undo()
+    flat = small_model(small_config())
+    assert all(layer.fused is not None for layer in flat.model.layers)
+    prompt = list(range(2, 72))
+    got = Engine(plain).generation(prompt_ids=prompt, gen_length=32, policy="speed").run()
+    want = Engine(flat).generation(prompt_ids=prompt, gen_length=32, policy="speed").run()
+    assert (got.tokens, got.steps) == (want.tokens, want.steps)
+
+
 def test_loading_compiles_what_a_step_runs():
     """cpu_layout's warm-up compiles every kernel for the types a step passes: a generation afterwards
     compiles nothing more (a first answer would otherwise wait seconds for numba)."""
