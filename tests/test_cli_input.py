@@ -190,3 +190,28 @@ def test_ctrl_c_while_it_starts_prints_no_traceback(seconds):
         p.kill()
         os.close(controller)
         os.close(terminal)
+
+
+def test_a_slow_load_is_said_once_while_it_waits(monkeypatch, capsys):
+    """`complete` waits while the server loads its model; a load longer than SLOW_LOAD (a first start on
+    a machine compiles the CPU kernels) is said once on stderr, a quick one not at all. The waiting loop
+    against a stand-in for the server's client (the whole command runs the real server elsewhere)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from llada_lsp.commands import complete
+
+    monkeypatch.setattr(complete, "SLOW_LOAD", 0.05)
+
+    async def wait(delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        editor = complete.HeadlessEditor.__new__(complete.HeadlessEditor)
+        editor.state, editor._state_changed = {}, asyncio.Event()
+        editor.client = SimpleNamespace(exited=loop.create_future())
+        loop.call_later(delay, editor._on_status, {"state": "ready"})
+        await editor.loaded()
+
+    asyncio.run(wait(0.3))
+    assert capsys.readouterr().err.count(complete.LOADING) == 1
+    asyncio.run(wait(0.0))
+    assert complete.LOADING not in capsys.readouterr().err

@@ -291,6 +291,20 @@ def test_loading_compiles_what_a_step_runs():
     assert [list(k.signatures) for k in kernels] == before
 
 
+def test_a_slow_warm_up_says_it_is_compiling(monkeypatch, caplog):
+    """A warm-up that outlasts NOTICE_AFTER (numba compiling, the first time on a machine) logs that it is
+    compiling while it waits; a quick one (the kernels read from numba's cache) says nothing."""
+    import time
+
+    monkeypatch.setattr(cpu, "NOTICE_AFTER", 0.05)
+    cpu.warm_up(lambda: time.sleep(0.5))
+    assert cpu.COMPILING in caplog.text
+    caplog.clear()
+    cpu.warm_up(lambda: None)
+    time.sleep(0.1)
+    assert cpu.COMPILING not in caplog.text
+
+
 def test_kernels_that_do_not_compile_leave_the_torch_path(monkeypatch, caplog):
     """A numba failure while the model loads (a broken toolchain or cache) is no failed load: the
     switch turns off, the log says why once, and the model answers through its modules."""

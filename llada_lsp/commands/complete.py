@@ -25,6 +25,9 @@ EXIT_CODES = """exit codes: 0 done (complete: the completion is printed; rewrite
 no engine), said on stderr; 2 bad input (the file, the position, the options), refused before a
 server starts; 130 interrupted (Ctrl-C)."""
 
+SLOW_LOAD = 3.0  # seconds of loading before the command says it is waiting for the model
+LOADING = "waiting for the model to load (its first start on a machine also compiles the CPU kernels, about 10 s)"
+
 SPOT = re.compile(r"^(?P<file>.+):(?P<line>\d+):(?P<col>\d+)$")
 SPAN = re.compile(r"^(?P<file>.+):(?P<l1>\d+):(?P<c1>\d+)-(?P<l2>\d+):(?P<c2>\d+)$")
 
@@ -73,11 +76,16 @@ class HeadlessEditor:
     async def loaded(self) -> None:
         """Waits while the model loads (completions answer nothing meanwhile); SessionFailed if it
         cannot load or the engine is unreachable."""
-        exited = self.client.exited
+        exited, said = self.client.exited, False
         while self.state.get("state") in (None, "loading"):
             self._state_changed.clear()
             changed = asyncio.ensure_future(self._state_changed.wait())
-            await asyncio.wait([changed, exited], return_when=asyncio.FIRST_COMPLETED)
+            timeout = None if said else SLOW_LOAD
+            done, _ = await asyncio.wait([changed, exited], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if not done:  # a slow load is said once (a first start on a machine compiles the CPU kernels)
+                print(f"llada-lsp: {LOADING}", file=sys.stderr, flush=True)
+                said = True
+                await asyncio.wait([changed, exited], return_when=asyncio.FIRST_COMPLETED)
             changed.cancel()
             if exited.done():
                 await self.client.wait()  # reads what is left of its stderr

@@ -20,6 +20,7 @@ import ctypes
 import glob
 import logging
 import os
+import threading
 import time
 
 import numpy as np
@@ -437,6 +438,10 @@ def _dense_router(C: int) -> tuple:
     return np.zeros((2, C), np.float32).T, np.zeros(2, np.float32), 1, 1, 0, 1.0, False, False
 
 
+NOTICE_AFTER = 1.0  # seconds of warm-up before it is said to be compiling (loading cached kernels is quicker)
+COMPILING = "compiling the CPU kernels: once on this machine, about 10 s (numba keeps them on disk)"
+
+
 def warm_up(forward=None) -> None:
     """Runs rms_norm once on a tiny input, then `forward` (cpu_layout's: a one-token forward of the model,
     which calls every layer kernel with the types a step passes): the first process on a machine compiles
@@ -444,6 +449,10 @@ def warm_up(forward=None) -> None:
     load (a server is still "loading" then), not in a first answer. Kernels that do not compile on this
     machine turn the switch off (`give_up`): the torch path runs."""
     started = time.perf_counter()
+    # a load that compiles says so while it waits (a first `llada-lsp complete` would sit silent otherwise)
+    notice = threading.Timer(NOTICE_AFTER, log.warning, (COMPILING,))
+    notice.daemon = True
+    notice.start()
     try:
         with torch.inference_mode():
             rms_norm(torch.ones(2, 4), torch.ones(4), 1e-6)
@@ -452,6 +461,8 @@ def warm_up(forward=None) -> None:
     except Exception as err:  # numba's compiler failed here (a toolchain or cache problem): not the model's
         give_up(err)
         return
+    finally:
+        notice.cancel()
     seconds = time.perf_counter() - started
     if seconds > 1.0:
         log.info("compiled the CPU kernels in %.1f s (once on this machine: numba keeps them on disk)", seconds)
