@@ -391,19 +391,17 @@ def _mlp(fn, x, attn, w_dense, w_post, eps, w_router, bias, n_group, topk_group,
     return out, _rms_norm(out, norm, eps), ids
 
 
-def mlp(x, attn, w_dense, w_post, eps: float, gate_up, down, router=None, norm=None):
+def mlp(x, attn, w_dense, w_post, eps: float, gate_up, down, router: tuple, norm=None):
     """The rest of a layer after its attention, numpy float32 throughout: x [N, C] (the residual stream)
     plus attn [N, H * D] @ w_dense [H * D, C] (torch.addmm's); that RMS-normed by w_post [C]; then the MLP,
-    SwiGLU's by groups of rows, each group by its gate_up [G, C, 2I] and down [G, I, C]. With `router`
-    (its weight [C, E], expert bias [E], n_group, topk_group, top_k, scale, normalise, shared: whether the
-    last group is a shared expert) a sparse MoE: the routing and the grouping by expert (_route), each
+    SwiGLU's by groups of rows, each group by its gate_up [G, C, 2I] and down [G, I, C]. `router` (its
+    weight [C, E], expert bias [E], n_group, topk_group, top_k, scale, normalise, shared: whether the last
+    group is a shared expert) makes a sparse MoE: the routing and the grouping by expert (_route), each
     routed row's output times its weight summed per token (Experts.sparse's multiply and index_add: the
-    same sums in the same order), then the shared expert's (SparseMoE's add) and the residual; without, a
-    dense MLP, one group, the residual its down GEMM's accumulator (torch.addmm's). Returns (the layer's
+    same sums in the same order), then the shared expert's (SparseMoE's add) and the residual;
+    `dense_router(C)` a dense MLP, one group, the residual its down GEMM's accumulator (torch.addmm's). Returns (the layer's
     output [N, C], that output RMS-normed by `norm` [C] (the next layer's input norm or the final one;
     None without one), the expert ids [N, A])."""
-    if router is None:
-        router = _dense_router(x.shape[1])
     weight = np.empty(0, np.float32) if norm is None else norm
     out, normed, ids = _mlp(GEMM, x, attn, w_dense, w_post, eps, *router, gate_up, down, weight)
     return out, (None if norm is None else normed), ids
@@ -419,45 +417,41 @@ def _mlp_attend(fn, x, attn, w_dense, w_post, eps, w_router, bias, n_group, topk
     return out, ids, q, keys, values
 
 
-def mlp_attend(x, attn, w_dense, w_post, eps: float, gate_up, down, router, norm, w_qkv, wq, wk, eps_next: float, cos,
+def mlp_attend(x, attn, w_dense, w_post, eps: float, gate_up, down, router: tuple, norm, w_qkv, wq, wk, eps_next: float, cos,
                sin, H: int, K: int, B: int, pool_k=None, pool_v=None, writes=None, reads=None):  # fmt: skip
     """`mlp` (its output normed by the next layer's input norm `norm`), then the next layer's `attend` on
     those rows, in one kernel call: returns (the layer's output [N, C], the expert ids [N, A], the next
     layer's (q, keys, values)). Between two attentions a step thus calls one kernel."""
-    if router is None:
-        router = _dense_router(x.shape[1])
     pools = _no_pools(K, wq.shape[0]) if pool_k is None else (pool_k, pool_v, writes, reads)
     out, ids, q, keys, values = _mlp_attend(GEMM, x, attn, w_dense, w_post, eps, *router, gate_up, down, norm, w_qkv,
                                             wq, wk, eps_next, cos, sin, H, K, B, *pools)  # fmt: skip
     return out, ids, _shaped(q, keys, values, B, H, K, wq.shape[0])
 
 
-def _dense_router(C: int) -> tuple:
-    """mlp's router arguments for a dense MLP: top_k 0, and a weight laid out as a router's (the transpose
-    of a contiguous [E, C]), so both kinds of layer share one compiled kernel."""
+def dense_router(C: int) -> tuple:
+    """mlp's router arguments for a dense MLP of width C: top_k 0, and a weight laid out as a router's
+    (the transpose of a contiguous [E, C]), so both kinds of layer share one compiled kernel."""
     return np.zeros((2, C), np.float32).T, np.zeros(2, np.float32), 1, 1, 0, 1.0, False, False
 
 
 NOTICE_AFTER = 1.0  # seconds of warm-up before it is said to be compiling (loading cached kernels is quicker)
-COMPILING = "compiling the CPU kernels: once on this machine, about 10 s (numba keeps them on disk)"
+COMPILING = "compiling the CPU kernels: once on this machine, seconds (numba keeps them on disk)"
 
 
-def warm_up(forward=None) -> None:
-    """Runs rms_norm once on a tiny input, then `forward` (cpu_layout's: a one-token forward of the model,
-    which calls every layer kernel with the types a step passes): the first process on a machine compiles
-    them (seconds; numba caches the result on disk), later ones load them. The cost falls in the model's
-    load (a server is still "loading" then), not in a first answer. Kernels that do not compile on this
-    machine turn the switch off (`give_up`): the torch path runs."""
+def warm_up(run) -> None:
+    """Calls `run` under inference_mode: work that calls kernels with the types a step passes (cpu_layout's
+    one-token forward of the model; cpu_step.warm_up's tiny step). The first process on a machine compiles
+    them (seconds; numba caches the result on disk), later ones load them, so the cost falls in a load (a
+    server is still "loading" then), not in a first answer. A load that compiles says so while it waits
+    (a first `llada-lsp complete` would sit silent otherwise). Kernels that do not compile on this machine
+    turn the switch off (`give_up`): the torch paths run."""
     started = time.perf_counter()
-    # a load that compiles says so while it waits (a first `llada-lsp complete` would sit silent otherwise)
     notice = threading.Timer(NOTICE_AFTER, log.warning, (COMPILING,))
     notice.daemon = True
     notice.start()
     try:
         with torch.inference_mode():
-            rms_norm(torch.ones(2, 4), torch.ones(4), 1e-6)
-            if forward is not None:
-                forward()
+            run()
     except Exception as err:  # numba's compiler failed here (a toolchain or cache problem): not the model's
         give_up(err)
         return

@@ -208,22 +208,20 @@ def packed_decisions(ints: torch.Tensor, width: int, D: int, logits: torch.Tenso
 
 def warm_up() -> None:
     """Runs every kernel here once on tiny inputs of the types and layouts a step passes (one row and
-    several): the first process on a machine compiles them (numba keeps them on disk), later ones load
-    them. The scheduler calls it when it starts on the CPU, so the cost falls in the engine's start,
-    not in a first answer; a failure turns every CPU kernel off (cpu.give_up)."""
-    if not cpu.ON:
-        return
+    several), through cpu.warm_up: compiled or loaded when the scheduler starts on the CPU, not in a first
+    answer; a failure turns every CPU kernel off."""
+    if cpu.ON:
+        cpu.warm_up(_tiny_steps)
+
+
+def _tiny_steps() -> None:
     width, D, V = 4, 2, 64
-    try:
-        with torch.inference_mode():
-            for B in (1, 2):  # one row's slices are contiguous, several rows' strided: a compile each
-                ints = torch.zeros(B, width + 4 + 3, dtype=torch.int64)
-                ints[:, width + 5] = width
-                for visible in (True, False):
-                    paged_tables(ints.numpy()[:, width + 4 :], width, width, 4, visible, 0)
-                logits = torch.zeros(B, D, V)
-                packed_decisions(ints, width, D, logits, torch.ones(B, 2), V, 1)
-                guesses(logits, torch.zeros(B, dtype=torch.int64))
-            guesses(logits, 0)
-    except Exception as err:  # numba's compiler failed here: every CPU kernel off, the torch paths run
-        cpu.give_up(err)
+    for B in (1, 2):  # one row's slices are contiguous, several rows' strided: a compile each
+        ints = torch.zeros(B, width + 4 + 3, dtype=torch.int64)
+        ints[:, width + 5] = width
+        for visible in (True, False):
+            paged_tables(ints.numpy()[:, width + 4 :], width, width, 4, visible, 0)
+        logits = torch.zeros(B, D, V)
+        packed_decisions(ints, width, D, logits, torch.ones(B, 2), V, 1)
+        guesses(logits, torch.zeros(B, dtype=torch.int64))
+    guesses(logits, 0)

@@ -512,7 +512,7 @@ class CPUWeights(NamedTuple):
     w_dense: np.ndarray  # [H * D, C]
     gate_up: np.ndarray  # [G, C, 2I]: each group's gate and up (the routed experts, then the shared one)
     down: np.ndarray  # [G, I, C]
-    router: tuple | None  # cpu.mlp's router arguments; None: a dense MLP (one group)
+    router: tuple  # cpu.mlp's router arguments (cpu.dense_router for a dense MLP: one group)
 
 
 class CPULayer:
@@ -564,7 +564,7 @@ class CPULayer:
             both = fused_gate_up(mlp.gate_up, mlp.gate_proj.weight, mlp.up_proj.weight)
             if both is None:
                 return None
-            joint, router = (both[None], mlp.down_proj.weight.T[None]), None
+            joint, router = (both[None], mlp.down_proj.weight.T[None]), cpu.dense_router(both.shape[0])
         if not all(w.is_contiguous() for w in joint):
             return None
         return CPUWeights(cpu.array(self.w_in), cpu.array(self.w_post), cpu.array(attention.query_key_value.weight.T),
