@@ -37,7 +37,8 @@ def is_ale(params: types.InitializeParams) -> bool:
     item = completion and completion.completion_item
     if params.client_info is not None or workspace is None or workspace.apply_edit is not False or item is None:
         return False
-    return completion.context_support is False and all(getattr(item, k) == v for k, v in _ALE_ITEM.items())
+    fields = {k: list(v) if isinstance(v := getattr(item, k), tuple) else v for k in _ALE_ITEM}
+    return completion.context_support is False and fields == _ALE_ITEM
 
 
 def cut_for_ale(
