@@ -191,19 +191,3 @@ def test_the_status_says_when_the_engine_cannot_revise():
     ls.settings = Settings(revise=False)
     assert ls.revising is False and "reviseNote" not in ls.status()
 
-
-def test_a_cold_start_sends_no_empty_draft(model):
-    """A first step that fills nothing at the cursor (every position still masked, or filled after a
-    mask) was sent as the draft '' and `complete --drafts` printed `[draft step 1] ''`: a cold start
-    sends a draft only once it has text; a revision still says its suggestion went (below)."""
-    text, at = "def average(values):\n    total = \n", 34
-    plan = InfillPlan(model, Infill.at(text, at, "speed"), Never())
-    codec = model.codec
-    masks = [codec.special.mask] * plan.gen_length
-    assert plan.on_draft(Draft(1, masks)) == (1, None)
-    late = masks[:1] + codec.encode(" sum(values)") + masks[1 + len(codec.encode(" sum(values)")) :]
-    assert plan.on_draft(Draft(2, late)) == (2, None)  # the cursor's position still masked
-    filled = codec.encode(plan.heal_text + " sum(values)\n")
-    assert plan.on_draft(Draft(3, filled + masks[len(filled) :])) == (3, " sum(values)")
-    revision = InfillPlan(model, Infill.at(typed("3."), CURSOR + 2, "speed", draft="14 * r * r", typed=2), Never())
-    assert revision.on_draft(Draft(1, masks[: revision.gen_length])) == (1, "")  # the suggestion is gone

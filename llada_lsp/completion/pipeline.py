@@ -77,8 +77,7 @@ class Plan:
 
 class InfillPlan(Plan):
     """Generates at the cursor; a draft's payload is the completion as it would be shown, None when
-    it did not change (the first step always has one, but a cold start's empty text is no draft: a
-    client would show, and `complete --drafts` print, nothing). Stops early once the unit at the cursor is
+    it did not change (the first step always has one). Stops early once the unit at the cursor is
     complete (ended by the text, an end-of-text, or the last position filled) and unchanged for a step."""
 
     def __init__(self, model: LoadedModel, job: Infill, cancel: Flag):
@@ -133,8 +132,6 @@ class InfillPlan(Plan):
                 completion = Completion(commonprefix([completion.text, self.shown or ""]), False)
             self.stop.enough = True
         changed = completion.text != self.shown or draft.step == 1
-        if self.shown is None and not completion.text:
-            changed = False  # a cold start with nothing filled at the cursor yet: no text to show, none to take back
         self.shown = completion.text
         return draft.step, self.shown if changed else None
 
