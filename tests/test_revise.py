@@ -190,4 +190,3 @@ def test_the_status_says_when_the_engine_cannot_revise():
     assert ls.revising is True and ls.status()["revise"] is True and "reviseNote" not in ls.status()
     ls.settings = Settings(revise=False)
     assert ls.revising is False and "reviseNote" not in ls.status()
-
