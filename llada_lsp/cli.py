@@ -9,6 +9,7 @@ with `llada-lab`'s table.
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from importlib import import_module
 
@@ -44,7 +45,27 @@ def listing(subcommands: Subcommands) -> list[str]:
 def dispatch(prog: str, commands_package: str, subcommands: Subcommands, usage: str, argv: list[str],
              default: str | None = None) -> int:  # fmt: skip
     """`-h`/`--help` prints `usage`, `-V`/`--version` the version; no subcommand, or options only, run
-    `default` (without one: the usage, exit 2); an unknown name is one line with the closest match."""
+    `default` (without one: the usage, exit 2); an unknown name is one line with the closest match.
+    A reader that closed stdout early (`plan | head`) ends any of them quietly, as SIGPIPE ends a C
+    program: status 141, nothing on stderr."""
+    try:
+        try:
+            code = _dispatch(prog, commands_package, subcommands, usage, argv, default)
+        except SystemExit:  # argparse's --help and usage errors
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # inside the try: the last lines may reach the closed pipe only here
+        return code
+    except BrokenPipeError:
+        # What is still buffered would fail again at the interpreter's exit flush: stdout goes nowhere.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE: the shell's status for a writer whose reader went away
+
+
+def _dispatch(prog: str, commands_package: str, subcommands: Subcommands, usage: str, argv: list[str],
+              default: str | None) -> int:  # fmt: skip
     if argv and argv[0] in ("-h", "--help"):
         print(usage)
         return 0

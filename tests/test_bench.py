@@ -77,7 +77,10 @@ def test_step_bench_on_the_cpu(golden_dir, capsys, tmp_path):
     assert bench.bench_main(["--shape", str(golden_dir / "config.json"), "--device", "cpu", "--dtype", "float32",
                              "--layers", "1", "--context", "64", "--iters", "2", "--peak-gbs", "10",
                              "--markdown", str(tmp_path / "step.md")]) == 0  # fmt: skip
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    # --layers 1 builds 2 (layer 0 is dense): said, not silent
+    assert err.splitlines()[0] == ("llada-lsp bench: --layers 1: building 2, since the first 1 is dense and one MoE "
+                                   "layer is needed to time the experts")  # fmt: skip
     rows = table(out)
     assert table((tmp_path / "step.md").read_text()) == rows and "Command: `" in (tmp_path / "step.md").read_text()
     assert [r[0] for r in rows] == ["2 of 3", "3 (projected)"]
@@ -87,6 +90,17 @@ def test_step_bench_on_the_cpu(golden_dir, capsys, tmp_path):
     touched = re.search(r"experts touched per layer: (\d+)-(\d+) of 16", out)
     assert touched and 4 <= int(touched[1]) <= int(touched[2]) <= 16  # 32 tokens x 4 experts each
     assert measured[-1] == "-"  # no paper figure for a config path
+
+
+def test_layers_beyond_the_shape_are_said_and_none_refused(golden_dir, capsys):
+    args = ["--shape", str(golden_dir), "--device", "cpu", "--dtype", "float32", "--context", "32", "--iters", "1"]
+    assert bench.bench_main([*args, "--layers", "9"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "llada-lsp bench: --layers 9: the shape has 3 layers; building 3\n"
+    assert [r[0] for r in table(out)] == ["3 of 3"]
+    with pytest.raises(SystemExit) as refused:
+        bench.bench_main([*args, "--layers", "0"])
+    assert refused.value.code == 2 and "--layers 0: at least 1" in capsys.readouterr().err
 
 
 def test_step_bytes_count_touched_experts_and_the_cache(golden_dir):

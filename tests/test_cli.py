@@ -76,3 +76,20 @@ def test_a_session_read_from_a_file(tmp_path):
         p = subprocess.run([sys.executable, "-m", "llada_lsp"], stdin=stdin, capture_output=True, timeout=300)
     assert p.returncode == 0, p.stderr.decode()
     assert b'"inlineCompletionProvider"' in p.stdout and b'"id": 2' in p.stdout
+
+
+@pytest.mark.parametrize("args", [("plan", "--sglang"), ("--help",), ("plan", "--help")])
+def test_a_closed_stdout_ends_quietly(args):
+    """`plan --sglang | head`: the reader is gone before the command writes (its read end is closed
+    before the child can print), so every write meets a closed pipe. The command ends as SIGPIPE ends a
+    C program, 141, with nothing on stderr (it was a BrokenPipeError traceback). argparse's own --help
+    swallows the error and says 0: quiet is what counts."""
+    import os
+
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "llada_lsp", *args], stdout=write_end, stderr=subprocess.PIPE)
+    os.close(write_end)
+    os.close(read_end)
+    _, stderr = proc.communicate(timeout=120)
+    assert stderr.decode() == ""
+    assert proc.returncode == (0 if args == ("plan", "--help") else 141)

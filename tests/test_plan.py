@@ -95,7 +95,7 @@ def test_headers_agree_with_config_and_with_the_file_size_of_the_embedded_model(
 
 
 def test_cli_flash_bf16_on_80gb_does_not_fit(capsys):
-    assert plan_main(["--model", FLASH, "--memory", "80GB", "--context", "4096"]) == 1
+    assert plan_main(["--model", FLASH, "--dtype", "bfloat16", "--memory", "80GB", "--context", "4096"]) == 1
     out, err = capsys.readouterr()
     assert "routed experts" in out and "199.72 GB" in out and "NO" in out
     assert err.count("\n") == 1 and "does not fit" in err and "80.00 GB" in err
@@ -183,3 +183,18 @@ def test_the_service_and_its_flags_load_through_the_same_check(monkeypatch):
     spec = ModelSpec(None, None, "float32", quantize=args.quantize, devices=args.devices)
     with pytest.raises(DoesNotFit, match=r"cpu needs \d+\.\d\d MB \(\d+\.\d\d MB weights"):
         load(spec, lambda *_: None)
+
+
+@pytest.mark.parametrize(("device", "memory", "dtype"), [("cpu", "1TB", "float32"), ("cuda:0", "80GB", "bfloat16")])
+def test_plan_names_the_dtype_the_model_is_loaded_in_there(device, memory, dtype, capsys):
+    """The loader, given no dtype, runs float32 on the CPU and bfloat16 on a GPU (resolve_dtype): the
+    plan's default says and counts the same (it said bfloat16 for the embedded model on the CPU)."""
+    from llada_lsp.model.loader import resolve_dtype
+
+    torch = pytest.importorskip("torch")
+    assert str(resolve_dtype(None, torch.device(device))) == f"torch.{dtype}"
+    assert plan_main(["--device", device, "--memory", memory]) == 0
+    title = capsys.readouterr().out.splitlines()[0]
+    assert f": {dtype} weights;" in title
+    assert plan_main(["--device", device, "--memory", memory, "--dtype", "float16"]) == 0
+    assert ": float16 weights;" in capsys.readouterr().out.splitlines()[0]

@@ -657,6 +657,10 @@ async def test_a_client_that_cannot_apply_edits_gets_the_edit_in_the_result():
         assert (
             edit == {"range": span(5, 0, 6, 0), "newText": "    return a + b\n"} == {**edit, "newText": result["text"]}
         )
+        # It shows nothing of the result, nor of logMessage: it is told, as an Error (what ALE shows).
+        (told,) = [m for m in editor.client.messages if "rewrite" in m.message]
+        assert told.type == t.MessageType.Error and told.message.startswith("llada: the rewrite was not applied")
+        assert told.message.endswith("applyEdit): the edit is in the result. The rewrite:\n    return a + b\n")
     finally:
         assert await stop(editor) == 0
 

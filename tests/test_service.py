@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -386,6 +387,34 @@ async def test_the_status_command_reports_or_says_nothing_answers(short_dir, cap
     assert err.startswith("llada-lsp engine: nothing answers on") and "\n" not in err
 
 
+async def test_status_asks_close_cleanly_and_a_starting_engine_is_said(short_dir, capsys, caplog):
+    """`engine status` closes as a client should (its sending side first, then it reads to the end): the
+    service logs "closed by the client", never `dropped: Connection lost` (a Unix socket closed with
+    frames unread resets its peer, and status pushes come at any time). Between taking the socket's
+    lock and listening (torch importing: seconds), status says the engine is starting."""
+    caplog.set_level(logging.INFO, logger="llada_lsp.service.sessions")
+    address = Address("unix", str(short_dir / "e.sock"))
+    async with in_process(address):
+        async with await EngineClient.connect(address, "editor"):
+            for _ in range(6):
+                assert await asyncio.to_thread(engine.engine_main, ["status", "--listen", str(address)]) == 0
+                await asyncio.sleep(0.1)  # the service logs the close once it has read it
+            await asyncio.sleep(0.5)
+    closes = [r.getMessage() for r in caplog.records if "llada-lsp engine status" in r.getMessage()]
+    assert len([c for c in closes if c.endswith(": closed by the client")]) == 6, closes
+    assert not [c for c in closes if "dropped" in c], closes
+    capsys.readouterr()
+    listener = Listener.claim(address)  # what the engine holds while torch imports: the lock, no socket yet
+    try:
+        assert await asyncio.to_thread(engine.engine_main, ["status", "--listen", str(address)]) == 0
+        out = capsys.readouterr().out
+        assert out == f"address: {address}\nstate: starting (pid {os.getpid()}: not listening yet)\n"
+    finally:
+        listener.close()
+    assert not Path(f"{address.path}.lock").exists()  # a stopped engine leaves neither socket nor lock
+    assert await asyncio.to_thread(engine.engine_main, ["status", "--listen", str(address)]) == 1
+
+
 # --- the real service process, with the embedded model -----------------------------------------------------
 needs_model = pytest.mark.skipif(not (EMBEDDED_MODEL / "config.json").is_file(), reason="no embedded model")
 STEP_DELAY_MS = 40  # slow enough that a request is still running when its cancel or its client's close lands
@@ -574,6 +603,8 @@ class TestTheEngineProcess:
         assert service.proc.poll() is None
 
     async def test_a_second_engine_on_the_socket_refuses_to_start(self, service):
+        async with await service.connect("first"):  # listening (run alone, this test came before it did)
+            pass
         second = subprocess.run([sys.executable, "-m", "llada_lsp.commands.engine", "--listen", str(service.address)],
                                 capture_output=True, text=True, timeout=TIMEOUT)  # fmt: skip
         # The refusal names who holds the socket (issue 25: a service orphaned by its deleted socket was unnamed).
@@ -602,6 +633,8 @@ async def test_a_killed_engine_fails_pending_requests_and_its_socket_is_reused()
         second.proc.send_signal(signal.SIGTERM)
         assert second.proc.wait(TIMEOUT) == 0
         assert not Path(second.address.path).exists()
+        assert not Path(f"{second.address.path}.lock").exists()  # it was left behind
+        assert "Traceback" not in second.log.read_text()
     finally:
         first.stop()
         shutil.rmtree(folder, ignore_errors=True)

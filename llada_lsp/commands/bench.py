@@ -164,6 +164,16 @@ def shape_config(shape: str, layers: int | None, quantize: str | None) -> tuple[
     return config, full, tpf
 
 
+def layers_note(asked: int, config: LLaDA2Config, full: int) -> str:
+    """Why the network built has another depth than `--layers` asked for: one line for stderr."""
+    built = config.num_hidden_layers
+    if asked > full:
+        return f"llada-lsp bench: --layers {asked}: the shape has {full} layers; building {built}"
+    dense = config.first_k_dense_replace
+    return (f"llada-lsp bench: --layers {asked}: building {built}, since the first {dense} "
+            f"{'is' if dense == 1 else 'are'} dense and one MoE layer is needed to time the experts")  # fmt: skip
+
+
 def random_weights(config: LLaDA2Config, device: torch.device, dtype: torch.dtype, seed: int) -> LLaDA2:
     """The network at `config`'s shapes with random weights, made on the device (nothing on the host),
     FP8 experts as FP8 with block scales; routing by random router weights touches experts as a block
@@ -278,7 +288,8 @@ def step_main(argv: list[str]) -> int:
     ap.add_argument("--shape", required=True, help=f"{' | '.join(SHAPES)} | a config.json (or its folder)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    ap.add_argument("--layers", type=int, default=None, help="build the first N layers and project the full depth")
+    ap.add_argument("--layers", type=int, default=None, help="build the first N layers and project the full depth (at least the dense ones and one MoE "
+                         "layer, at most the shape's: another number is said on stderr)")  # fmt: skip
     ap.add_argument("--quantize", choices=["fp8"], default=None, help="routed experts in FP8 with 128x128 scales")
     ap.add_argument("--batch", type=int, default=1, help="blocks per step, one per sequence (default: 1)")
     ap.add_argument("--context", type=int, default=1024, help="cached tokens before the block (default: 1024)")
@@ -296,7 +307,11 @@ def step_main(argv: list[str]) -> int:
         raise SystemExit("--cuda-graph needs --device cuda")
     if args.context % BLOCK:
         raise SystemExit(f"--context {args.context}: a whole number of {BLOCK}-token blocks")
+    if args.layers is not None and args.layers < 1:
+        ap.error(f"--layers {args.layers}: at least 1")
     config, full, tpf = shape_config(args.shape, args.layers, args.quantize)
+    if args.layers is not None and args.layers != config.num_hidden_layers:
+        print(layers_note(args.layers, config, full), file=sys.stderr, flush=True)
     dtype = getattr(torch, args.dtype)
     model = random_weights(config, device, dtype, args.seed)
     B, S = args.batch, args.context

@@ -96,7 +96,8 @@ class HeadlessEditor:
 
     def _on_draft(self, params: dict) -> None:
         self.drafts.append(params)
-        if getattr(self.args, "drafts", False):
+        # The first step's draft may hold no text yet (docs/protocol.md, "Live drafts"): nothing to print.
+        if getattr(self.args, "drafts", False) and params.get("text"):
             final = " final" if params.get("final") else ""
             print(f"[draft step {params['step']}{final}] {params['text']!r}", file=sys.stderr)
 

@@ -12,6 +12,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
+import os
 import signal
 import sys
 
@@ -22,7 +23,7 @@ from ..backends.sglang_config import backend_argument
 from ..completion.generation import ModelSpec, add_model_arguments
 from ..runtime.loop import run
 from ..service.client import EngineClient, EngineFailure
-from ..service.listener import AlreadyServing, Listener
+from ..service.listener import AlreadyServing, Listener, holder
 from ..service.sessions import EngineService
 
 logger = logging.getLogger("llada_lsp.service")
@@ -87,9 +88,10 @@ async def serve(args: argparse.Namespace, address: Address, token: str | None) -
     finally:
         listener.close()  # first: no new connection while the others close
         await service.close()
-        if not worker.stop(timeout=5):
-            logger.warning("the model thread did not stop in time (a step is stuck, or a load is still reading a "
-                           "tensor: it stops at the next one)")  # fmt: skip
+        if not worker.stop(timeout=1):  # a step ends within one denoising step of the cancel; past 1 s,
+            # the thread ends with the process, which does not wait for it
+            logger.warning("the model thread did not stop within 1 s (a step is stuck, or a load is still reading "
+                           "a tensor): the process ends without it")  # fmt: skip
         await worker.aclose()  # after the aborts of the requests it was serving (SGLang)
     return 0
 
@@ -103,7 +105,8 @@ def status_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
         prog="llada-lsp engine status",
         description="Ask a running engine service what it serves: model, state, connected clients and "
-        "requests in flight. Exits 1 if nothing answers.",
+        "requests in flight; `state: starting` for one that has the socket's path but does not listen yet. "
+        "Exits 1 if nothing answers there.",
     )
     _address_arguments(ap)
     args = ap.parse_args(argv)
@@ -111,6 +114,11 @@ def status_main(argv: list[str]) -> int:
     try:
         status = asyncio.run(ask_status(address, token))
     except (EngineFailure, TimeoutError) as err:
+        pid = holder(address)
+        if pid is not None and getattr(err, "kind", None) == "unreachable":
+            # It has the path and is importing its libraries (seconds): not an engine that is missing.
+            print(f"address: {address}\nstate: starting (pid {pid}: not listening yet)")
+            return 0
         print(f"llada-lsp engine: {getattr(err, 'message', None) or f'no answer from {address}'}", file=sys.stderr)
         return 1
     lines = {"address": str(address), "model": status.model, "family": status.family_line,
@@ -244,7 +252,14 @@ def engine_main(argv: list[str] | None = None) -> int:
             ap.error(str(err))
     log_format = "llada-lsp engine %(levelname)s: %(message)s"
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format=log_format)
-    return run(serve(args, address, token))
+    code = run(serve(args, address, token))
+    # The socket and its lock are gone, every connection closed, the log written: the process ends here.
+    # The interpreter's own teardown (torch and numba loaded, the model thread perhaps still in a step)
+    # took 2 s more on SIGTERM, and a client restarting the engine waited for it.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

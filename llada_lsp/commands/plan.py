@@ -25,8 +25,9 @@ def plan_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quantize", choices=["fp8"], help="routed experts in FP8 with 128x128 block scales")
     ap.add_argument("--context", type=int, help="tokens of KV cache per sequence (default: max_position_embeddings)")
     ap.add_argument("--batch", type=int, default=1, help="sequences decoded together (default: 1)")
-    ap.add_argument("--dtype", default="bfloat16",
-                    help="weights and KV cache: bfloat16, float16, float32 (default: bfloat16)")  # fmt: skip
+    ap.add_argument("--dtype", default=None,
+                    help="weights and KV cache: bfloat16, float16, float32 (default: what the model is loaded in "
+                         "there: bfloat16 on GPUs, float32 on the CPU)")  # fmt: skip
     ap.add_argument("--memory", help="bytes per device, e.g. 141GB,141GB or 80GiB (default: the devices' free memory)")
     add_edit_ids_argument(ap)
     ap.add_argument("--sglang", action="store_true",
@@ -38,11 +39,12 @@ def plan_main(argv: list[str] | None = None) -> int:
     from ..errors import CheckpointError
     from ..model.plan import DTYPE_BYTES, make_plan, parse_bytes, render
 
-    if args.dtype not in DTYPE_BYTES:
+    if args.dtype is not None and args.dtype not in DTYPE_BYTES:
         ap.error(f"--dtype {args.dtype!r}: choose one of {', '.join(sorted(DTYPE_BYTES))}")
     if (args.context is not None and args.context < 0) or args.batch < 1:
         ap.error("--context must be >= 0 and --batch >= 1")
     devices = [d.strip() for d in args.devices.split(",")] if args.devices else [args.device or default_device()]
+    dtype = args.dtype or default_dtype(devices)
     try:
         memory = [parse_bytes(m) for m in args.memory.split(",")] if args.memory else None
     except ValueError as err:
@@ -50,7 +52,7 @@ def plan_main(argv: list[str] | None = None) -> int:
     if memory is not None and len(memory) not in (1, len(devices)):
         ap.error(f"--memory gives {len(memory)} sizes for {len(devices)} devices")
     try:
-        plan = make_plan(args.model, devices, memory, args.dtype, args.quantize, args.context, args.batch,
+        plan = make_plan(args.model, devices, memory, dtype, args.quantize, args.context, args.batch,
                          args.edit_ids)  # fmt: skip
     except (CheckpointError, ValueError) as err:
         print(f"llada-lsp plan: {err}", file=sys.stderr)
@@ -68,6 +70,12 @@ def plan_main(argv: list[str] | None = None) -> int:
         print(f"llada-lsp plan: does not fit: {plan.reason()}", file=sys.stderr)
         return 1
     return 0
+
+
+def default_dtype(devices: list[str]) -> str:
+    """The dtype the loader picks when none is given (model/loader.py, resolve_dtype): bfloat16 where it
+    is fast, float32 on the CPU, which runs the embedded model in float32."""
+    return "float32" if all(d.split(":")[0] == "cpu" for d in devices) else "bfloat16"
 
 
 def default_device() -> str:

@@ -1,6 +1,7 @@
 """Rewrite selection as clients reach it and receive it: the code action that offers it (for clients
 whose UI knows code actions, not our command) and the `workspace/applyEdit` of its result, in the form
-the client said it can apply, or none, with an answer bounded in time.
+the client said it can apply, or none, with an answer bounded in time; to a client that cannot apply
+one, the outcome as `window/showMessage`.
 
 Knows pygls and lsprotocol and the server's state (language_server.py); nothing of models or jobs.
 """
@@ -83,3 +84,19 @@ def not_applied(ls: LladaServer, uri: str, version: int, text: str = "") -> dict
     else:
         reason = f"the document is at version {doc.version}, the rewrite was asked for version {version}"
     return {"applied": False, "text": text, "reason": reason}
+
+
+def tell_unapplied(ls: LladaServer, result: dict[str, Any]) -> None:
+    """A client that cannot apply workspace edits (Vim's ALE) runs the rewrite from its code-action
+    menu and shows nothing of the command's result, nor of `window/logMessage`: what happened goes to
+    `window/showMessage`. A rewrite it could not apply is an Error (the type ALE shows by default),
+    with the text, for the user to take; no change is Info, a refusal a Warning."""
+    workspace = ls.client_capabilities.workspace
+    if result.get("applied") or (workspace and workspace.apply_edit):
+        return
+    if result.get("changed") is False:
+        ls.show("rewrite: the model proposed no change", types.MessageType.Info)
+    elif "edit" in result:
+        ls.show(f"the rewrite was not applied: {result['reason']}. The rewrite:\n{result['text']}")
+    else:
+        ls.show(f"rewrite not applied: {result.get('reason')}", types.MessageType.Warning)

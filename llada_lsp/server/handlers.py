@@ -20,7 +20,8 @@ from ..completion import context as snippets
 from ..completion.jobs import Rewrite
 from ..completion.syntax import is_python
 from . import inline, next_edit
-from .actions import REWRITE, apply_rewrite, code_action, not_applied
+from .actions import REWRITE, apply_rewrite, code_action, not_applied, tell_unapplied
+from .ale import is_ale
 from .completers import LocalCompleter, rewrite_key
 from .context import CLIENT as CONTEXT
 from .language_server import Launch, LladaServer
@@ -35,6 +36,7 @@ _CONVERTER = default_converter()  # stateless: structures command arguments
 async def initialize(ls: LladaServer, params: types.InitializeParams) -> None:
     experimental = params.capabilities.experimental
     ls.drafts = isinstance(experimental, dict) and experimental.get("lladaDrafts") is True
+    ls.ale = is_ale(params)
     ls.configure(params.initialization_options)
     ls.workspace_changed()
     await ls.start_engine()
@@ -93,6 +95,12 @@ class RewriteArgument:
 
 
 async def rewrite_selection(ls: LladaServer, params: types.ExecuteCommandParams) -> dict[str, Any]:
+    result = await _rewrite_selection(ls, params)
+    tell_unapplied(ls, result)
+    return result
+
+
+async def _rewrite_selection(ls: LladaServer, params: types.ExecuteCommandParams) -> dict[str, Any]:
     arg = RewriteArgument.parse(params.arguments)
     doc = ls.documents.get(arg.uri)
     if doc is None or doc.version != arg.version:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from lsprotocol import types
 
 from ..completion.jobs import Infill
+from .ale import cut_for_ale, word_after
 from .documents import Document
 from .language_server import LladaServer
 
@@ -52,6 +53,8 @@ async def completion(ls: LladaServer, params: types.CompletionParams) -> types.C
         text_edit=_edit(ls, start, at, end, word + text),
         insert_text_format=types.InsertTextFormat.PlainText, sort_text="0",
     )  # fmt: skip
+    if ls.ale:  # it shows and inserts an item's text only up to its first `(`
+        item = cut_for_ale(item, start, word_after(doc.text, offset), ls.encoding)
     return types.CompletionList(is_incomplete=True, items=[item])
 
 

@@ -77,6 +77,7 @@ class LladaServer(LanguageServer):
         self._engine_error: str | None = None  # the named service did not answer
         self._told: list[tuple[str, types.MessageType]] | None = []  # messages held until initialize is answered
         self.drafts = False  # the client opted in to llada/draft notifications
+        self.ale = False  # the client is Vim's ALE, which cuts completion items at `(` (server/ale.py)
         self.shutdown_requested = False
         self._load_ticket: Ticket | None = None
         self._load_token: str | None = None

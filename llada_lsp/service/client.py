@@ -120,9 +120,19 @@ class EngineClient:
             with contextlib.suppress(ValueError):
                 self._status_waiters.remove(future)
 
-    async def close(self) -> None:
-        """Ends the connection: requests still pending fail with "engine_gone"; the engine cancels them."""
+    async def close(self, linger: float = 1.0) -> None:
+        """Ends the connection: requests still pending fail with "engine_gone"; the engine cancels them.
+        With none pending, the close is orderly: the sending side shut first, then what the engine still
+        sends read until it closes (`linger` seconds at most). A Unix socket closed with frames unread
+        (a status push that crossed the close) resets its peer, and the engine logged `dropped:
+        Connection lost` for every `engine status`."""
         self._watching.cancel()
+        if not self._pending and self._gone is None and self._writer.can_write_eof():
+            try:
+                self._writer.write_eof()
+                await asyncio.wait_for(asyncio.shield(self._reading), linger)
+            except (OSError, RuntimeError, TimeoutError):
+                pass  # gone already, or slow to close: closed as below
         self._reading.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reading

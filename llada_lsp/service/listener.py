@@ -1,6 +1,6 @@
 """Where the engine service listens: for a Unix path, a folder closed to others, a lock held while
 the service lives (naming its PID), a stale socket replaced, the socket made 0600, made again if it is
-deleted while the service lives, and removed at exit; for TCP, the port.
+deleted while the service lives, and both removed at exit; for TCP, the port.
 
 Sockets and files only; knows nothing of the protocol spoken on them.
 """
@@ -61,6 +61,13 @@ class Listener:
             if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
                 raise ValueError(f"{path}.lock is not a file of yours")
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try:
+                moved = os.stat(f"{path}.lock", follow_symlinks=False).st_ino != info.st_ino
+            except FileNotFoundError:
+                moved = True
+            if moved:  # a stopping engine removed the file between our open and our lock: a lock on nothing
+                os.close(lock)
+                return cls.claim(address)  # the file at the path now, or a new one
             _remove_stale(path)
             os.ftruncate(lock, 0)
             os.pwrite(lock, f"{os.getpid()}\n".encode(), 0)  # who holds it, for the next one's refusal
@@ -123,8 +130,30 @@ class Listener:
             with contextlib.suppress(FileNotFoundError):
                 if self._inode is not None and os.lstat(self.address.path).st_ino == self._inode:
                     os.unlink(self.address.path)  # ours only: a file someone put in its place stays
-            os.close(self.lock)  # the lock file stays: removing it would race with a new service's lock
+            # The lock file goes while it is still locked: an engine that opened it just before locks a
+            # file no longer at the path, sees so (claim compares the inodes) and takes the new one.
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(f"{self.address.path}.lock", follow_symlinks=False).st_ino == os.fstat(self.lock).st_ino:
+                    os.unlink(f"{self.address.path}.lock")
+            os.close(self.lock)
             self.lock = None
+
+
+def holder(address: Address) -> int | None:
+    """The PID in the lock file beside a Unix socket when that process lives: an engine that has the
+    path, listening or not yet (it takes the lock before importing the model's libraries, and removes
+    the lock file when it stops). Only reads: taking the lock, even shared, could make a starting engine
+    think the path is taken."""
+    if address.kind != "unix":
+        return None
+    try:
+        with open(f"{address.path}.lock", "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as lock:
+            text = lock.read(32).decode(errors="replace").strip()
+        pid = int(text)
+        os.kill(pid, 0)  # raises if no such process
+    except (OSError, ValueError):  # no lock file, no PID in it, or its process is gone (a killed engine's)
+        return None
+    return pid
 
 
 def _remove_stale(path: Path) -> None:
