@@ -180,25 +180,33 @@ _FROM = re.compile(r"^[ \t]*from[ \t]+(\.*)[ \t]*([A-Za-z_][\w.]*)?[ \t]+import[
 _IMPORT = re.compile(r"^[ \t]*import[ \t]+([^#\n]+)", re.MULTILINE)
 
 
-def python_imports(text: str) -> list[tuple[int, str]]:
+def python_imports(text: str, limit: int | None = None) -> list[tuple[int, str]]:
     """The modules a Python file imports, as (level, dotted name): level 0 for absolute imports, 1 for
     `from . import`, 2 for `from ..`; `from pkg import name` gives both `pkg` and `pkg.name` (name may
-    be a module). Read by patterns, not parsed: the file being typed seldom parses. In order, once each."""
-    found: list[tuple[int, str]] = []
+    be a module). Read by patterns, not parsed: the file being typed seldom parses. In order, once each;
+    `limit`: the first that many only (the `from` lines' first), in time linear in the text."""
+    found: dict[tuple[int, str], None] = {}
+
+    def add(item: tuple[int, str]) -> bool:
+        found[item] = None
+        return limit is not None and len(found) >= limit
+
     for match in _FROM.finditer(text[:SCAN_CHARS]):
         level, module = len(match.group(1)), match.group(2) or ""
-        if module:
-            found.append((level, module))
-        for name in match.group(3).replace("\\", " ").split(","):
+        if module and add((level, module)):
+            return list(found)
+        names = match.group(3).replace("\\", " ").split(",", -1 if limit is None else limit)
+        for name in names[:limit]:
             name = name.split(" as ")[0].strip()
-            if name.isidentifier():
-                found.append((level, f"{module}.{name}" if module else name))
+            if name.isidentifier() and add((level, f"{module}.{name}" if module else name)):
+                return list(found)
     for match in _IMPORT.finditer(text[:SCAN_CHARS]):
-        for name in match.group(1).split(","):
+        names = match.group(1).split(",", -1 if limit is None else limit)
+        for name in names[:limit]:
             name = name.split(" as ")[0].strip()
-            if name and all(part.isidentifier() for part in name.split(".")):
-                found.append((0, name))
-    return list(dict.fromkeys(found))
+            if name and all(part.isidentifier() for part in name.split(".")) and add((0, name)):
+                return list(found)
+    return list(found)
 
 
 _DEFINES = re.compile(
