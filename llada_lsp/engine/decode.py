@@ -99,7 +99,7 @@ class Engine:
             raise ValueError("no mask id: pass mask_id, or give the checkpoint a <|mask|> token or mask_token_id")
         edit_ids = config.edit_ids
         checks.token_id("mask id", mask_id, config.vocab_size, edit_ids)
-        if eos_id is not None:
+        if eos_id is not None and not (isinstance(eos_id, int) and eos_id < 0):  # negative: no stop id (NO_STOP)
             checks.token_id("end-of-text id", eos_id, config.vocab_size, edit_ids)
         checks.whole("max_post_steps (the post-edit budget)", max_post_steps, 0)
         checks.whole("gen_length", gen_length, 1)

@@ -78,6 +78,7 @@ class ContextFiles:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[tuple, Future] = {}
         self._gathered: dict[str, Gathered] = {}
+        self._checked: set[str] = set()  # document URIs whose path was looked at (`_key`)
 
     def set_roots(self, uris: Iterable[str | None]) -> None:
         """The workspace folders (`workspaceFolders`, else `rootUri`): files are read only from under
@@ -151,6 +152,13 @@ class ContextFiles:
 
     # --- the disk, in the worker --------------------------------------------------------------
     def _key(self, doc: Document, documents: Iterable[Document]) -> tuple:
+        documents = list(documents)
+        for each in (doc, *documents):  # a URI that names no local file is said once, then only left out
+            if each.uri not in self._checked:
+                if len(self._checked) > 4096:
+                    self._checked.clear()
+                self._checked.add(each.uri)
+                path_of(each.uri, self.log)
         imports = python_imports(doc.text, MAX_IMPORT_NAMES) if is_python(doc.language, doc.uri) else []
         return (doc.uri, tuple(imports), tuple(self.roots), tuple(sorted(d.uri for d in documents)))
 
