@@ -46,3 +46,11 @@ def thresholds(threshold: Any, editing_threshold: Any) -> None:
         if not ok:
             extra = " (or inf: never edit)" if never else ""
             raise ValueError(f"the {name} must be a number in 0..1{extra}, got {value!r}")
+
+
+def amount(name: str, value: Any) -> float:
+    """A finite number, 0 or more (a size: 0 asks for the least there can be)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    if not ok:
+        raise ValueError(f"the {name} must be a finite number, 0 or more, got {value!r}")
+    return value

@@ -60,6 +60,7 @@ class Engine:
                              f"{routing_block} tokens (block_size), and decoding must use the same blocks")  # fmt: skip
         if cache_mb is None:
             cache_mb = default_cache_mb(model.device)
+        checks.amount("cache size (MB)", cache_mb)
         self.cache = BlockCache.for_budget(model.config, cache_mb, block_size, model.device, model.dtype,
                                            prefix=prefix_cache and use_cache,
                                            layer_devices=model.layer_devices)  # fmt: skip
