@@ -193,7 +193,12 @@ class ContextFiles:
         known = self._gathered.get(doc.uri)
         if known is not None and known.key == key and self.clock() - known.at < FRESH_SECONDS:
             return known
-        self._gathered[doc.uri] = found = self._work(key)
+        try:
+            found = self._work(key)
+        except Exception as err:  # a completion goes on without the disk, never fails for it
+            self.log(f"context: reading the workspace failed: {err!r}")
+            found = Gathered(key, at=self.clock())
+        self._gathered[doc.uri] = found
         self._say_notes()
         return found
 
@@ -219,7 +224,9 @@ class ContextFiles:
         except TimeoutError:
             self.log(f"context: the workspace files for {doc.uri} took over {budget * 1000:.0f} ms; "
                      "this completion goes without them")  # fmt: skip
-            return known if known is not None and known.key[0] == doc.uri else Gathered()
+        except Exception:  # said by `_keep`: a completion goes on without the disk, never fails for it
+            pass
+        return known if known is not None and known.key[0] == doc.uri else Gathered()
 
     def _say_notes(self) -> None:
         while self._notes:
