@@ -118,6 +118,10 @@ async def compare_on_off(editor: Editor, doc, rounds: int) -> dict:
             if state == "on":
                 statuses.append(status)
     out = {k: statistics.median(v) for k, v in took.items()}
+    # The bound: 50 ms over the same completion without context, plus half of that completion's own time:
+    # a loaded machine slows both alike (at load 27 on 2 cores a completion without context took 400 ms
+    # against 70 on a quiet one); the old code took seconds more.
+    out["bound"] = 0.05 + 0.5 * out["off"]
     out["status_median"], out["status_max"] = statistics.median(statuses), max(statuses)
     print(f"completion medians: {out} (all: {took}, statuses: {statuses})")
     return out
@@ -142,7 +146,7 @@ async def test_five_thousand_imports_cost_a_completion_no_more_than_no_context(t
         doc = editor.client.did_open((ws / "main.py").as_uri(), text)
         await editor.complete(doc)  # the first: the worker's caches are cold
         figures = await compare_on_off(editor, doc, 7)
-        assert figures["on"] - figures["off"] <= 0.05, figures
+        assert figures["on"] - figures["off"] <= figures["bound"], figures
         assert figures["status_median"] <= 0.1 and figures["status_max"] <= 1.0, figures
         assert "many/m0.py" in editor.prompt_paths(), "the first imports are still sources"
     finally:
@@ -162,7 +166,7 @@ async def test_a_200000_character_import_line_costs_a_completion_no_more_than_no
         doc = editor.client.did_open((ws / "main.py").as_uri(), line + GOOD + CURSOR)
         await asyncio.wait_for(editor.complete(doc), ANSWER)
         figures = await compare_on_off(editor, doc, 5)
-        assert figures["on"] - figures["off"] <= 0.05, figures
+        assert figures["on"] - figures["off"] <= figures["bound"], figures
         assert figures["status_median"] <= 0.1 and figures["status_max"] <= 1.0, figures
     finally:
         await editor.stop()
