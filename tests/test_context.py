@@ -203,6 +203,7 @@ def test_client_chunks_are_bounded_and_named(workspace: Path):
 def test_the_set_stays_while_typing_on_a_line_and_is_chosen_again_on_another(workspace: Path):
     clock, history = Clock(), History()
     files = ContextFiles(clock)
+    files.outside_workspace = True  # documents without a workspace folder (the boundaries: test_context_hostile.py)
     geometry = Document("file:///geo.py", 1, GEOMETRY)
     network = Document("file:///net.py", 1, NETWORK)
     doc = Document("file:///main.py", 1, "x = 1\ny = 3\n")
@@ -226,6 +227,7 @@ def test_the_set_stays_while_typing_on_a_line_and_is_chosen_again_on_another(wor
 def test_a_closed_documents_text_is_never_used_again():
     clock = Clock()
     files = ContextFiles(clock)
+    files.outside_workspace = True
     geometry = Document("file:///geo.py", 1, GEOMETRY)
     doc = Document("file:///main.py", 1, "area = rectangle_area(width, height)")
     assert files.snippets(doc, len(doc.text), [doc, geometry], History(), 400)[0].origin == geometry.uri
@@ -339,6 +341,7 @@ def test_choose_at_is_what_the_front_chooses_with():
     doc = Document("file:///main.py", 1, "x = 1\n" * 300 + "area = rectangle_area(width, ")
     geometry = Document("file:///geo.py", 1, GEOMETRY)
     files = ContextFiles()
+    files.outside_workspace = True
     chosen = files.choose_now(doc, len(doc.text), [doc, geometry], History(), 100)
     candidates, modules = files.candidates(doc, [doc, geometry], History()), files.modules(doc, [doc, geometry])
     assert chosen == ctx.choose_at(candidates, doc.text, len(doc.text), 100, modules)

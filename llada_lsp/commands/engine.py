@@ -12,6 +12,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
+import math
 import os
 import signal
 import sys
@@ -161,7 +162,7 @@ def parser() -> argparse.ArgumentParser:
     batching.add_argument("--max-queue", type=_positive, default=64, metavar="N",
                           help="requests that may wait for a place in the batch; more are answered `busy` "
                           "(default: 64)")  # fmt: skip
-    batching.add_argument("--cache-mb", type=float, metavar="MB",
+    batching.add_argument("--cache-mb", type=lambda text: _amount(text, 0.0), metavar="MB",
                           help="memory for keys and values, in 32-token blocks, shared by the running requests "
                           "and the prefix cache (default: 256 on the CPU, a quarter of the free memory on a "
                           "GPU; never less than one request of the model's full length)")  # fmt: skip
@@ -188,7 +189,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="a file of yours with mode 0600 holding the --api-key of the SGLang servers",
     )
-    remote.add_argument("--backend-timeout", type=float, default=30.0, metavar="SECONDS",
+    remote.add_argument("--backend-timeout", type=_amount, default=30.0, metavar="SECONDS",
                         help="how long an SGLang server may send nothing in the middle of an answer before the "
                         "request fails (default: 30)")  # fmt: skip
     _address_arguments(ap)
@@ -209,6 +210,19 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _amount(text: str, least: float | None = None) -> float:
+    """A finite number above 0 (seconds), or at least `least` (megabytes: 0 is the least pool): NaN,
+    inf and values below are refused by argparse."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
+    if not math.isfinite(value) or (value < least if least is not None else value <= 0):
+        bound = "above 0" if least is None else f"{least:g} or more"
+        raise argparse.ArgumentTypeError(f"must be a finite number, {bound}, not {text}")
     return value
 
 

@@ -10,7 +10,7 @@ import json
 import sys
 
 from ..completion.generation import add_edit_ids_argument
-from ..engine import PRESETS, Engine, JointThreshold
+from ..engine import PRESETS, Engine, JointThreshold, checks
 from ..model import CheckpointError, load_model, load_tokenizer
 
 
@@ -49,6 +49,7 @@ def generate_main(argv: list[str] | None = None) -> int:
     add_edit_ids_argument(ap)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
+    preset = PRESETS[args.mode]
     if args.threads is not None:
         if args.threads < 1:
             ap.error(f"--threads must be at least 1, not {args.threads}")
@@ -57,9 +58,21 @@ def generate_main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     try:
+        checks.whole("gen_length", args.gen_length, 1)
+        checks.whole("max_post_steps (the post-edit budget)", args.max_post_steps, 0)
+        if args.block_length is not None:
+            checks.whole("block length", args.block_length, 1)
+        checks.thresholds(
+            preset.threshold if args.threshold is None else args.threshold,
+            preset.editing_threshold if args.editing_threshold is None else args.editing_threshold,
+        )
+    except ValueError as err:  # known before the model loads: said at once
+        print(f"llada-lsp generate: {err}", file=sys.stderr)
+        return 2
+    try:
         model = load_model(args.model, device=args.device, dtype=args.dtype, edit_ids=args.edit_ids)
         tokenizer = load_tokenizer(args.model)
-    except CheckpointError as err:
+    except (CheckpointError, ValueError) as err:
         print(f"llada-lsp generate: {err}", file=sys.stderr)
         return 2
     if args.prompt is not None:
@@ -69,12 +82,11 @@ def generate_main(argv: list[str] | None = None) -> int:
         prompt_ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
     else:
         prompt_ids = args.prompt_ids
-    preset = PRESETS[args.mode]
     policy = JointThreshold(
         preset.threshold if args.threshold is None else args.threshold,
         preset.editing_threshold if args.editing_threshold is None else args.editing_threshold,
     )
-    try:
+    try:  # the engine checks every value (engine/checks.py): a bad one is one line, exit 2, as from Python
         result = (
             Engine(model, block_size=args.block_length)
             .generation(

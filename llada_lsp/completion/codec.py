@@ -83,6 +83,12 @@ class TextCodec:
         )
 
     @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one id stands for (its UTF-8 bytes, at least: a character is at least a
+        byte): a text of n characters is at least n / max_token_chars ids, known without encoding it."""
+        return max((len(t.encode("utf-8", "surrogatepass")) for t in self.token_texts), default=1) + 1
+
+    @cached_property
     def token_index(self) -> tuple[list[str], list[int]]:
         """The texts of the ids a completion may hold (no stop ids), sorted, and their ids: the texts
         that start with a given string are one run of it, found by bisection."""

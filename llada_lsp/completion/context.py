@@ -10,6 +10,7 @@ nothing of the LSP, files or tokens; paths are labels the front made.
 from __future__ import annotations
 
 import functools
+import itertools
 import keyword
 import re
 from collections.abc import Iterable
@@ -24,6 +25,8 @@ SCAN_CHARS = 200_000  # of each source, looked at: a huge file costs the choice 
 MAX_WIRE_SNIPPETS = 16  # what a request frame may carry
 MAX_SNIPPET_CHARS = 8_000  # one snippet's text, on the wire and from a client's llada/context
 AROUND_LINES = (20, 5)  # the lines before and after the cursor's whose identifiers rank the snippets
+AROUND_CHARS = (8_000, 2_000)  # of those lines, at most this many characters before and after the cursor
+MAX_WANTED = 256  # names whose definitions a choice looks for, at most (the nearest the cursor first)
 WINDOW_LINES = 60  # lines each side of the cursor that the prompt's window holds, near enough: never snippets
 MAX_DEFINITIONS = 12  # definitions of the names near the cursor offered to a choice, at most
 DEFINITION_LINES = 12  # a definition's most lines: its signature and first lines (the prompt's share is small)
@@ -119,7 +122,8 @@ def choose_at(candidates: Iterable[Snippet], text: str, offset: int, max_tokens:
     and of those the document imports (`python_definitions`); then `candidates` ranked against
     AROUND_LINES lines around the cursor; none the WINDOW_LINES each side hold. What the server's
     front chooses with, and what training samples are built with."""
-    around, window = lines_around(text, offset, *AROUND_LINES), lines_around(text, offset, WINDOW_LINES, WINDOW_LINES)
+    start, end = _near(text, offset)
+    around, window = text[start:end], lines_around(text, offset, WINDOW_LINES, WINDOW_LINES)
     first = python_definitions(sources, text, offset) if sources else []
     return choose(candidates, around, window, max_tokens * CHARS_PER_TOKEN, first=first)
 
@@ -180,25 +184,33 @@ _FROM = re.compile(r"^[ \t]*from[ \t]+(\.*)[ \t]*([A-Za-z_][\w.]*)?[ \t]+import[
 _IMPORT = re.compile(r"^[ \t]*import[ \t]+([^#\n]+)", re.MULTILINE)
 
 
-def python_imports(text: str) -> list[tuple[int, str]]:
+def python_imports(text: str, limit: int | None = None) -> list[tuple[int, str]]:
     """The modules a Python file imports, as (level, dotted name): level 0 for absolute imports, 1 for
     `from . import`, 2 for `from ..`; `from pkg import name` gives both `pkg` and `pkg.name` (name may
-    be a module). Read by patterns, not parsed: the file being typed seldom parses. In order, once each."""
-    found: list[tuple[int, str]] = []
+    be a module). Read by patterns, not parsed: the file being typed seldom parses. In order, once each;
+    `limit`: the first that many only (the `from` lines' first), in time linear in the text."""
+    found: dict[tuple[int, str], None] = {}
+
+    def add(item: tuple[int, str]) -> bool:
+        found[item] = None
+        return limit is not None and len(found) >= limit
+
     for match in _FROM.finditer(text[:SCAN_CHARS]):
         level, module = len(match.group(1)), match.group(2) or ""
-        if module:
-            found.append((level, module))
-        for name in match.group(3).replace("\\", " ").split(","):
+        if module and add((level, module)):
+            return list(found)
+        names = match.group(3).replace("\\", " ").split(",", -1 if limit is None else limit)
+        for name in names[:limit]:
             name = name.split(" as ")[0].strip()
-            if name.isidentifier():
-                found.append((level, f"{module}.{name}" if module else name))
+            if name.isidentifier() and add((level, f"{module}.{name}" if module else name)):
+                return list(found)
     for match in _IMPORT.finditer(text[:SCAN_CHARS]):
-        for name in match.group(1).split(","):
+        names = match.group(1).split(",", -1 if limit is None else limit)
+        for name in names[:limit]:
             name = name.split(" as ")[0].strip()
-            if name and all(part.isidentifier() for part in name.split(".")):
-                found.append((0, name))
-    return list(dict.fromkeys(found))
+            if name and all(part.isidentifier() for part in name.split(".")) and add((0, name)):
+                return list(found)
+    return list(found)
 
 
 _DEFINES = re.compile(
@@ -256,12 +268,20 @@ def python_wanted(text: str, offset: int) -> list[str]:
     most wanted first: those of the cursor's line before the cursor and of the AROUND_LINES[0] lines
     above (nearest first), then its rest and the lines below, then the names the document imports
     (`from m import a, b as c`: a, b); none every file has, none the document defines itself."""
-    start, end = line_span(text, offset, *AROUND_LINES)
+    start, end = _near(text, offset)
     near = _IDENTIFIER.findall(_code(text[start:offset]))[::-1] + _IDENTIFIER.findall(_code(text[offset:end]))
     imported = [name.split(" as ")[0].strip() for match in _FROM.finditer(text[:SCAN_CHARS])
                 for name in match.group(3).replace("\\", " ").split(",")]  # fmt: skip
     own = {m[1] or m[2] for m in map(_DEFINES.match, text[:SCAN_CHARS].splitlines()) if m}  # not kept: it is typed
-    return [n for n in dict.fromkeys([*near, *imported]) if n.isidentifier() and n not in _COMMON and n not in own]
+    wanted = (n for n in dict.fromkeys([*near, *imported]) if n.isidentifier() and n not in _COMMON and n not in own)
+    return list(itertools.islice(wanted, MAX_WANTED))
+
+
+def _near(text: str, offset: int) -> tuple[int, int]:
+    """The offsets of AROUND_LINES lines around the cursor, at most AROUND_CHARS characters each side
+    (a line of megabytes costs a choice no more than a few ordinary lines)."""
+    start, end = line_span(text, offset, *AROUND_LINES)
+    return max(start, offset - AROUND_CHARS[0]), min(end, offset + AROUND_CHARS[1])
 
 
 _COMMENT = re.compile(r"#[^\n]*|'[^'\n]*'|\"[^\"\n]*\"")

@@ -149,9 +149,15 @@ def rewrite_prompt(before: str, selection: str, after: str, codec: TextCodec, ma
     end of its block (`block_size`: the model's), not masks: masks there would be filled with the code
     that follows; an end-of-text stays one unless the model edits it, and a shift pushes it out (the
     rule keeps a block's length: without room, an insertion would push out the selection's end)."""
+    min_prompt = min(64, max_positions // 4)
+    # Bounded from the character count first: a selection of megabytes is refused without being encoded.
+    if len(selection) > (max_positions - min_prompt) * codec.max_token_chars:
+        raise SelectionTooLong(
+            f"the selection is {len(selection)} characters; this model rewrites at most "
+            f"{max(0, (max_positions - min_prompt) * 4 // 5)} tokens"
+        )
     init_ids = codec.encode(selection)
     gen_length = len(init_ids) + grow_allowance(len(init_ids))
-    min_prompt = min(64, max_positions // 4)
     if gen_length > max_positions - min_prompt:
         raise SelectionTooLong(
             f"the selection is {len(init_ids)} tokens; this model rewrites at most "

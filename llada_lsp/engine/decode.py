@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..model import LLaDA2
+from . import checks
 from .cache import BlockCache
 from .policy import INDEL_PRESETS, PRESETS, JointThreshold, JointThresholdInDel
 from .scheduler import Scheduler
@@ -51,6 +52,7 @@ class Engine:
     def __init__(self, model: LLaDA2, block_size: int = 32, use_cache: bool = True, cache_mb: float | None = None,
                  prefix_cache: bool = True, max_batch: int = 8, max_queue: int = 64, cuda_graph: bool = False,
                  prefill_chunk: int | None = None):  # fmt: skip
+        checks.block_size(block_size, model.config.max_position_embeddings)
         self.model, self.block_size, self.use_cache = model, block_size, use_cache
         routing_block = model.config.block_size if model.config.block_routing else None
         if routing_block is not None and block_size != routing_block:  # as SGLang requires: one block for both
@@ -58,6 +60,7 @@ class Engine:
                              f"{routing_block} tokens (block_size), and decoding must use the same blocks")  # fmt: skip
         if cache_mb is None:
             cache_mb = default_cache_mb(model.device)
+        checks.amount("cache size (MB)", cache_mb)
         self.cache = BlockCache.for_budget(model.config, cache_mb, block_size, model.device, model.dtype,
                                            prefix=prefix_cache and use_cache,
                                            layer_devices=model.layer_devices)  # fmt: skip
@@ -96,6 +99,11 @@ class Engine:
         if mask_id is None:
             raise ValueError("no mask id: pass mask_id, or give the checkpoint a <|mask|> token or mask_token_id")
         edit_ids = config.edit_ids
+        checks.token_id("mask id", mask_id, config.vocab_size, edit_ids)
+        if eos_id is not None and not (isinstance(eos_id, int) and eos_id < 0):  # negative: no stop id (NO_STOP)
+            checks.token_id("end-of-text id", eos_id, config.vocab_size, edit_ids)
+        checks.whole("max_post_steps (the post-edit budget)", max_post_steps, 0)
+        checks.whole("gen_length", gen_length, 1)
         if isinstance(policy, str):
             if policy not in PRESETS:
                 raise ValueError(f"unknown mode {policy!r}; choose one of {', '.join(PRESETS)}")
@@ -105,6 +113,7 @@ class Engine:
             policy = JointThresholdInDel(policy.threshold, policy.editing_threshold)
         elif edit_ids is None and isinstance(policy, JointThresholdInDel):
             raise ValueError("JointThresholdInDel needs a checkpoint with edit tokens (LLaDA2.2)")
+        checks.thresholds(policy.threshold, policy.editing_threshold)
         if edit_ids is not None and (isinstance(max_post_steps, bool) or not isinstance(max_post_steps, int)
                                      or max_post_steps < 0):  # fmt: skip
             raise ValueError(

@@ -10,24 +10,31 @@ tokens (the prompt fits the snippets to its token budget: completion/prompt.py).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from ..completion.context import MAX_SNIPPET_CHARS, Snippet, choose_at, line_span, python_imports, windows
 from ..completion.history import History
 from ..completion.syntax import is_python
 from .documents import Document
+from .uris import path_of
+from .workspace_files import FRESH_SECONDS, MAX_FILE_BYTES, MAX_IMPORT_NAMES, MAX_IMPORTED, WorkspaceFiles, refused_root
+
+__all__ = ["MAX_FILE_BYTES", "MAX_IMPORTED", "PAUSE_SECONDS", "ContextFiles", "Gathered", "path_of"]
+
+logger = logging.getLogger(__name__)
 
 PAUSE_SECONDS = 1.0  # a request after this long without one chooses the set again
 EDIT_LINES = 6  # lines each side of a recent edit that make its snippet
-MAX_FILE_BYTES = 256 * 1024  # an imported file larger than this is not read
-MAX_IMPORTED = 16  # imported workspace files looked at per choice
 MAX_CLIENT_CHUNKS = 16  # llada/context chunks kept, the oldest dropped first
+DISK_BUDGET = 0.03  # seconds a completion waits for the worker's disk work, at most
 CLIENT = "llada/context"
 
 
@@ -39,22 +46,71 @@ class _Choice:
     snippets: tuple[Snippet, ...]
 
 
+@dataclass(frozen=True)
+class Gathered:
+    """What the worker found on disk for one document: the imported workspace files (real paths, in
+    order) and the texts of those not open; the open documents that context may use (inside a
+    workspace folder, not secrets, not ignored by git) and their real paths."""
+
+    key: tuple = ()
+    imported: tuple[Path, ...] = ()
+    texts: dict[Path, str] = field(default_factory=dict)
+    allowed: frozenset[str] = frozenset()
+    real: dict[str, Path] = field(default_factory=dict)
+    at: float = 0.0
+
+
 class ContextFiles:
     """Per client (one per server): the workspace folders, the chunks it sent, the set chosen per
-    document and the imported files read (by modification time and size)."""
+    document and, in a worker thread, what the disk holds (`WorkspaceFiles`: the imported files and the
+    boundaries). `outside_workspace`: open documents outside the workspace folders may be sources too
+    (the `contextOutsideWorkspace` setting); `log(message)`: what was refused or skipped."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic, log: Callable[[str], None] | None = None):
         self.clock = clock
+        self.log = log or (lambda message: logger.info("%s", message))
         self.roots: list[Path] = []
+        self.outside_workspace = False
         self.chunks: deque[Snippet] = deque(maxlen=MAX_CLIENT_CHUNKS)
         self._chosen: dict[str, _Choice] = {}
-        self._files: dict[Path, tuple[int, int, str]] = {}
+        self._notes: deque[str] = deque(maxlen=100)  # what the worker has to say, said from the caller's thread
+        self.files = WorkspaceFiles(self._notes.append)  # the worker's alone once `gather` is used
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: dict[tuple, Future] = {}
+        self._gathered: dict[str, Gathered] = {}
+        self._checked: set[str] = set()  # document URIs whose path was looked at (`_key`)
 
     def set_roots(self, uris: Iterable[str | None]) -> None:
-        """The workspace folders (`workspaceFolders`, else `rootUri`): imported files are read only
-        from under them (symbolic links resolved first)."""
-        roots = [path_of(uri) for uri in uris if uri]
-        self.roots = list(dict.fromkeys(Path(os.path.realpath(p)) for p in roots if p is not None))
+        """The workspace folders (`workspaceFolders`, else `rootUri`): files are read only from under
+        them (symbolic links resolved first). A URI that is no local path, the file system's root and a
+        folder holding the home folder are left out, each said in the log; none of them is an error."""
+        roots: list[Path] = []
+        try:
+            home = Path(os.path.realpath(os.path.expanduser("~")))
+        except (OSError, ValueError):
+            home = None
+        for uri in uris:
+            if not uri:
+                continue
+            path = path_of(uri, self.log)
+            if path is None:
+                self.log(f"context: the workspace folder {uri!r} is not a local folder; not read from")
+                continue
+            try:
+                real = Path(os.path.realpath(path))
+            except (OSError, ValueError):
+                continue
+            why = refused_root(real, home)
+            if why is not None:
+                self.log(f"context: the workspace folder {real} is {why}; not read from (open a project folder)")
+                continue
+            roots.append(real)
+        self.roots = list(dict.fromkeys(roots))
+        if self._pool is None:
+            self.files.set_roots(self.roots)
+        else:  # the worker owns the files' state: the change is queued behind what it is doing
+            self._pool.submit(self.files.set_roots, tuple(self.roots))
+        self._gathered.clear()
 
     # --- sources ------------------------------------------------------------------------------
     def receive(self, params: object) -> str | None:
@@ -79,86 +135,174 @@ class ContextFiles:
         """A closed document: its text leaves every chosen set (they are chosen again) and is never
         used again (its chunks sent by the client stay: the client sent them to be kept)."""
         self._chosen.pop(uri, None)
+        self._gathered.pop(uri, None)
         for key, choice in list(self._chosen.items()):
             if any(s.origin == uri for s in choice.snippets):
                 del self._chosen[key]
 
-    def label(self, uri: str) -> str:
+    def label(self, uri: str, real: Path | None = None) -> str:
         """How the prompt names a document: its path in the workspace, else its file name."""
-        path = path_of(uri)
-        return self._relative(Path(os.path.realpath(path))) if path else uri.rsplit("/", 1)[-1] or uri
+        if real is None:
+            path = path_of(uri)
+            try:
+                real = Path(os.path.realpath(path)) if path else None
+            except (OSError, ValueError):
+                real = None
+        return self._relative(real) if real is not None else uri.rsplit("/", 1)[-1][:200] or uri[:200]
+
+    # --- the disk, in the worker --------------------------------------------------------------
+    def _key(self, doc: Document, documents: Iterable[Document]) -> tuple:
+        documents = list(documents)
+        for each in (doc, *documents):  # a URI that names no local file is said once, then only left out
+            if each.uri not in self._checked:
+                if len(self._checked) > 4096:
+                    self._checked.clear()
+                self._checked.add(each.uri)
+                path_of(each.uri, self.log)
+        imports = python_imports(doc.text, MAX_IMPORT_NAMES) if is_python(doc.language, doc.uri) else []
+        return (doc.uri, tuple(imports), tuple(self.roots), tuple(sorted(d.uri for d in documents)))
+
+    def _work(self, key: tuple) -> Gathered:
+        """The worker's part (or the caller's, without a loop): resolve, check, read."""
+        uri, imports, _, uris = key
+        files = self.files
+        real: dict[str, Path] = {}
+        allowed = set()
+        for each in uris:
+            path = path_of(each)
+            if path is None:
+                continue
+            try:
+                real[each] = Path(os.path.realpath(path))
+            except (OSError, ValueError):
+                continue
+            if files.allowed(real[each]):
+                allowed.add(each)
+        here = path_of(uri)
+        imported = tuple(files.resolve(Path(here) if here else None, list(imports)))
+        opened = set(real.values())
+        texts = {}
+        for path in imported:
+            if path not in opened and (text := files.read(path)) is not None:
+                texts[path] = text
+        return Gathered(key, imported, texts, frozenset(allowed), real, self.clock())
+
+    def gather_now(self, doc: Document, documents: Iterable[Document]) -> Gathered:
+        """`gather` without a worker, in the caller's thread (tools and tests without an event loop)."""
+        key = self._key(doc, documents)
+        known = self._gathered.get(doc.uri)
+        if known is not None and known.key == key and self.clock() - known.at < FRESH_SECONDS:
+            return known
+        try:
+            found = self._work(key)
+        except Exception as err:  # a completion goes on without the disk, never fails for it
+            self.log(f"context: reading the workspace failed: {err!r}")
+            found = Gathered(key, at=self.clock())
+        self._gathered[doc.uri] = found
+        self._say_notes()
+        return found
+
+    async def gather(self, doc: Document, documents: Iterable[Document], budget: float = DISK_BUDGET) -> Gathered:
+        """What the disk holds for `doc`, found by the worker thread. Waits at most `budget` seconds:
+        past it, the last answer for `doc` (or nothing) is used and the worker's answer, when it
+        comes, serves the next choice. The same question within FRESH_SECONDS is not asked again."""
+        key = self._key(doc, documents)
+        known = self._gathered.get(doc.uri)
+        if known is not None and known.key == key and self.clock() - known.at < FRESH_SECONDS:
+            return known
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="llada-context")
+        future = self._pending.get(key)
+        if future is None:
+            future = self._pool.submit(self._work, key)
+            self._pending[key] = future
+            future.add_done_callback(lambda f: self._pending.pop(key, None))
+        waited = asyncio.wrap_future(future)
+        waited.add_done_callback(lambda f: self._keep(doc.uri, f))
+        try:
+            return await asyncio.wait_for(asyncio.shield(waited), budget)
+        except TimeoutError:
+            self.log(f"context: the workspace files for {doc.uri} took over {budget * 1000:.0f} ms; "
+                     "this completion goes without them")  # fmt: skip
+        except Exception:  # said by `_keep`: a completion goes on without the disk, never fails for it
+            pass
+        return known if known is not None and known.key[0] == doc.uri else Gathered()
+
+    def _say_notes(self) -> None:
+        while self._notes:
+            self.log(self._notes.popleft())
+
+    def _keep(self, uri: str, future: asyncio.Future) -> None:
+        self._say_notes()
+        if future.cancelled() or future.exception() is not None:
+            if not future.cancelled():
+                self.log(f"context: reading the workspace failed: {future.exception()!r}")
+            return
+        found = future.result()
+        known = self._gathered.get(uri)
+        if known is None or known.at <= found.at:
+            self._gathered[uri] = found
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- sources, from what was gathered ------------------------------------------------------
+    def usable(self, other: Document, found: Gathered) -> bool:
+        """Whether an open document (not the one completed) may be a source: inside the boundaries,
+        or anywhere with `outside_workspace`."""
+        return self.outside_workspace or other.uri in found.allowed
 
     def candidates(self, doc: Document, documents: Iterable[Document], history: History,
-                   modules: list[Snippet] | None = None) -> list[Snippet]:  # fmt: skip
+                   modules: list[Snippet] | None = None, found: Gathered | None = None) -> list[Snippet]:  # fmt: skip
         """Every snippet that could be chosen for `doc`: the client's chunks, newest first; the other
-        open documents; the files `doc` imports from the workspace (not open); the regions of recent
-        edits, of `doc` too (those inside the prompt's window are left out by the choice). `modules`:
-        what `modules` says for `doc` (found again when not given)."""
+        open documents that may be sources; the files `doc` imports from the workspace (not open); the
+        regions of recent edits, of `doc` too (those inside the prompt's window are left out by the
+        choice). `modules`: what `modules` says for `doc` (found again when not given)."""
+        documents = list(documents)
+        found = self.gather_now(doc, documents) if found is None else found
         out = [s for chunk in reversed(self.chunks) for s in windows(chunk.text, chunk.path, chunk.origin)]
-        open_docs = {d.uri: d for d in documents}
+        open_docs = {d.uri: d for d in documents if d.uri == doc.uri or self.usable(d, found)}
         for other in open_docs.values():
             if other.uri != doc.uri:
-                out += windows(other.text, self.label(other.uri), other.uri)
-        modules = self.modules(doc, open_docs.values()) if modules is None else modules
+                out += windows(other.text, self.label(other.uri, found.real.get(other.uri)), other.uri)
+        modules = self.modules(doc, documents, found) if modules is None else modules
         out += [w for module in modules if module.origin not in open_docs
                 for w in windows(module.text, module.path, module.origin)]  # fmt: skip
         for each in open_docs.values():
             for edit in history.edits(each.uri):
-                out.append(_edit_region(each, edit.start, self.label(each.uri)))
+                out.append(_edit_region(each, edit.start, self.label(each.uri, found.real.get(each.uri))))
         return out
 
-    def modules(self, doc: Document, documents: Iterable[Document]) -> list[Snippet]:
+    def modules(self, doc: Document, documents: Iterable[Document], found: Gathered | None = None) -> list[Snippet]:
         """Whole Python modules whose definitions a choice for `doc` may bring (`choose_at`'s
         `sources`), for a Python `doc` only: the workspace files it imports (an open one as the
-        editor has it), then the other open Python documents."""
+        editor has it), then the other open Python documents that may be sources."""
         if not is_python(doc.language, doc.uri):
             return []
+        documents = list(documents)
+        found = self.gather_now(doc, documents) if found is None else found
         open_docs = {d.uri: d for d in documents}
-        out = self._imported_texts(doc, open_docs)
-        seen = {module.origin for module in out}
-        for other in open_docs.values():
-            if other.uri != doc.uri and other.uri not in seen and is_python(other.language, other.uri):
-                out.append(Snippet(self.label(other.uri), other.text, other.uri))
-        return out
-
-    def _imported_texts(self, doc: Document, open_docs: dict[str, Document]) -> list[Snippet]:
-        """The workspace files `doc` (a Python document: `modules` asks) imports, whole: an open one's
-        text as the editor has it (its origin the document's URI), else the file's (its origin the path)."""
-        by_path = {os.path.realpath(p): d for d in open_docs.values() if (p := path_of(d.uri)) is not None}
+        by_path = {found.real[d.uri]: d for d in documents if d.uri in found.real}
         out = []
-        for path in self.imported(doc)[:MAX_IMPORTED]:
-            opened = by_path.get(str(path))
+        for path in found.imported:
+            opened = by_path.get(path)
             if opened is not None:
                 if opened.uri != doc.uri:
                     out.append(Snippet(self._relative(path), opened.text, opened.uri))
-            elif (text := self._read(path)) is not None:
+            elif (text := found.texts.get(path)) is not None:
                 out.append(Snippet(self._relative(path), text, str(path)))
+        seen = {module.origin for module in out}
+        for other in open_docs.values():
+            if (other.uri != doc.uri and other.uri not in seen and is_python(other.language, other.uri)
+                    and self.usable(other, found)):  # fmt: skip
+                out.append(Snippet(self.label(other.uri, found.real.get(other.uri)), other.text, other.uri))
         return out
 
     def imported(self, doc: Document) -> list[Path]:
         """The workspace files of the modules `doc` imports (absolute imports from each workspace
-        folder, relative ones from the document's folder), real paths under a workspace folder only."""
-        here = path_of(doc.uri)
-        found: list[Path] = []
-        for level, name in python_imports(doc.text):
-            if level == 0:
-                bases = self.roots
-            elif here is not None:
-                bases = [Path(os.path.realpath(here)).parents[level - 1]] if level <= len(Path(here).parents) else []
-            else:
-                bases = []
-            for base in bases:
-                stem = base.joinpath(*name.split("."))
-                for path in (stem.with_name(stem.name + ".py"), stem / "__init__.py"):
-                    if not os.path.isfile(path):  # most are not there: one stat, before resolving links
-                        continue
-                    real = Path(os.path.realpath(path))
-                    if real not in found and self._inside(real):
-                        found.append(real)
-        return found
-
-    def _inside(self, real: Path) -> bool:
-        return any(real.is_relative_to(root) for root in self.roots)
+        folder, relative ones from the document's real folder), real paths inside the boundaries only."""
+        return list(self.gather_now(doc, [doc]).imported)
 
     def _relative(self, real: Path) -> str:
         """A real path as the prompt names it: in its workspace folder, else by its file name alone."""
@@ -167,41 +311,15 @@ class ContextFiles:
                 return real.relative_to(root).as_posix()
         return real.name
 
-    def _read(self, real: Path) -> str | None:
-        """An imported file's text, read when first needed and again when it changed; None when it is
-        over MAX_FILE_BYTES, unreadable or not text."""
-        try:
-            stat = real.stat()
-        except OSError:
-            return None
-        if stat.st_size > MAX_FILE_BYTES:
-            return None
-        cached = self._files.get(real)
-        if cached is not None and cached[:2] == (stat.st_mtime_ns, stat.st_size):
-            return cached[2]
-        try:
-            with open(real, "rb") as f:
-                text = f.read(MAX_FILE_BYTES + 1).decode("utf-8")
-        except (OSError, UnicodeDecodeError):
-            return None
-        if len(text.encode()) > MAX_FILE_BYTES:
-            return None
-        if len(self._files) >= 4 * MAX_IMPORTED:
-            self._files.pop(next(iter(self._files)))
-        self._files[real] = (stat.st_mtime_ns, stat.st_size, text)
-        return text
-
     # --- the choice ---------------------------------------------------------------------------
     def current(self, uri: str) -> tuple[Snippet, ...] | None:
         """The set chosen last for `uri`, None when there is none."""
         choice = self._chosen.get(uri)
         return None if choice is None else choice.snippets
 
-    def snippets(self, doc: Document, offset: int, documents: Iterable[Document], history: History,
-                 max_tokens: int) -> tuple[Snippet, ...]:  # fmt: skip
-        """The set for a completion at `offset` of `doc`: the set of the last request when the cursor
-        is on the same line and the last request was less than PAUSE_SECONDS ago, else a new choice
-        (`choose_now`) within about `max_tokens` tokens."""
+    def reusable(self, doc: Document, offset: int, max_tokens: int) -> tuple[Snippet, ...] | None:
+        """The set of the last request, kept for this one (its use noted), when the cursor is on the
+        same line, the last request was less than PAUSE_SECONDS ago and the budget is the same; else None."""
         now, line = self.clock(), doc.text.count("\n", 0, offset)
         last = self._chosen.get(doc.uri)
         if (
@@ -212,24 +330,27 @@ class ContextFiles:
         ):
             self._chosen[doc.uri] = _Choice(line, now, max_tokens, last.snippets)
             return last.snippets
-        return self.choose_now(doc, offset, documents, history, max_tokens)
+        return None
+
+    def snippets(self, doc: Document, offset: int, documents: Iterable[Document], history: History,
+                 max_tokens: int, found: Gathered | None = None) -> tuple[Snippet, ...]:  # fmt: skip
+        """The set for a completion at `offset` of `doc`: the set of the last request when the cursor
+        is on the same line and the last request was less than PAUSE_SECONDS ago, else a new choice
+        (`choose_now`) within about `max_tokens` tokens."""
+        kept = self.reusable(doc, offset, max_tokens)
+        return kept if kept is not None else self.choose_now(doc, offset, documents, history, max_tokens, found)
 
     def choose_now(self, doc: Document, offset: int, documents: Iterable[Document], history: History,
-                   max_tokens: int) -> tuple[Snippet, ...]:  # fmt: skip
-        """A new choice at `offset`, kept for the requests that follow on its line."""
+                   max_tokens: int, found: Gathered | None = None) -> tuple[Snippet, ...]:  # fmt: skip
+        """A new choice at `offset`, kept for the requests that follow on its line. `found`: what
+        `gather` found (gathered now, in this thread, when not given)."""
         documents = list(documents)
-        sources = self.modules(doc, documents)
-        chosen = choose_at(self.candidates(doc, documents, history, sources), doc.text, offset, max_tokens, sources)
+        found = self.gather_now(doc, documents) if found is None else found
+        sources = self.modules(doc, documents, found)
+        candidates = self.candidates(doc, documents, history, sources, found)
+        chosen = choose_at(candidates, doc.text, offset, max_tokens, sources)
         self._chosen[doc.uri] = _Choice(doc.text.count("\n", 0, offset), self.clock(), max_tokens, chosen)
         return chosen
-
-
-def path_of(uri: str) -> str | None:
-    """The local path of a file: URI, else None."""
-    parsed = urlparse(uri)
-    if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
-        return None
-    return unquote(parsed.path) or None
 
 
 def _edit_region(doc: Document, start: int, label: str) -> Snippet:

@@ -113,7 +113,7 @@ async def _rewrite_selection(ls: LladaServer, params: types.ExecuteCommandParams
                                code=REQUEST_FAILED)  # fmt: skip
     job = Rewrite.at(doc.text, start, end, ls.settings.rewrite_mode, ls.settings.context_tokens, arg.instruction,
                      is_python(doc.language, doc.uri))  # fmt: skip
-    context = snippets.to_wire(ls.context_for(doc, start))
+    context = snippets.to_wire(await ls.context_for(doc, start))
     if context:  # as a completion's prompt: the other files' snippets first, within their share
         job = dataclasses.replace(job, context=context, context_share=ls.settings.context_files_share)
     with WorkDone(ls, params.work_done_token, "llada: rewriting the selection") as progress:

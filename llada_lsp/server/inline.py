@@ -109,7 +109,7 @@ async def complete(ls: LladaServer, doc: Document, offset: int, at: types.Positi
     revision = suggestions.revision(doc.uri, text, offset) if ls.revising else None
     job = Infill.at(text, offset, s.inline_mode, s.max_completion_tokens, s.context_tokens,
                     *((revision.draft, revision.typed) if revision else ()))  # fmt: skip
-    context = ls.context_for(doc, offset)
+    context = await ls.context_for(doc, offset)
     if context:
         job = dataclasses.replace(job, context=context, context_share=s.context_files_share)
     # Inside a word (`re|turn`) the answer replaces the word's rest, which a draft inserted at the

@@ -69,7 +69,7 @@ class LladaServer(LanguageServer):
                          text_document_sync_kind=types.TextDocumentSyncKind.Incremental)  # fmt: skip
         self.launch, self.settings = launch, launch.defaults
         self.documents = OpenDocuments()
-        self.context = ContextFiles()  # snippets of the client's other files (server/context.py)
+        self.context = ContextFiles(log=self.log)  # snippets of the client's other files (server/context.py)
         self._active: tuple[str, int, int] | None = None  # (uri, version, offset) of the last completion
         self._idle: asyncio.Task | None = None  # the idle choice after it (`warm_later`)
         self.completer: LocalCompleter | RemoteCompleter | None = None
@@ -338,17 +338,39 @@ class LladaServer(LanguageServer):
         be read from. Resolved here, not per completion (each resolves every folder's real path)."""
         self.context.set_roots([*(f.uri for f in self.workspace.folders.values()), self.workspace.root_uri])
 
-    def context_for(self, doc: Document, offset: int, fresh: bool = False) -> tuple[Snippet, ...]:
+    @property
+    def context_leaves_machine(self) -> bool:
+        """Whether snippets sent to the engine may leave this machine: a service over TCP, or one whose
+        backend is SGLang (its server may be anywhere)."""
+        c = self.completer
+        return isinstance(c, RemoteCompleter) and (c.address.startswith("tcp") or not c.revises)
+
+    async def context_for(self, doc: Document, offset: int, fresh: bool = False) -> tuple[Snippet, ...]:
         """The snippets of other files for a completion at `offset` of `doc`: none with `contextFiles`
-        off; the set of the line while the user types on it (`fresh`: chosen again now). A set that
-        differs from the document's last one is said in the log."""
+        off, or for an engine they would leave the machine for without `contextRemote`; the set of the
+        line while the user types on it (`fresh`: chosen again now). What the disk holds is found by
+        the context's worker, waited for a bounded time (ContextFiles.gather). A set that differs from
+        the document's last one is said in the log."""
         s = self.settings
         if not s.context_files or not s.context_files_share:
             return ()
+        if self.context_leaves_machine and not s.context_remote:
+            if not getattr(self, "_said_remote", False):
+                self._said_remote = True
+                self.log("context: no snippets of other files go to an engine over TCP or SGLang "
+                         "unless contextRemote is true")  # fmt: skip
+            return ()
+        self.context.outside_workspace = s.context_outside_workspace
         before = self.context.current(doc.uri)
         budget = s.context_tokens * s.context_files_share // 100
-        args = (doc, offset, self.documents.all(), self.documents.history, budget)
-        chosen = self.context.choose_now(*args) if fresh else self.context.snippets(*args)
+        chosen = None if fresh else self.context.reusable(doc, offset, budget)
+        if chosen is None:
+            text, documents = doc.text, self.documents.all()
+            found = await self.context.gather(doc, documents)
+            if doc.text != text:  # typed in while the disk was read: the choice is made on the text as it is now
+                documents = self.documents.all()
+            chosen = self.context.choose_now(doc, offset if doc.text == text else min(offset, len(doc.text)),
+                                             documents, self.documents.history, budget, found)  # fmt: skip
         if chosen != before:
             line = doc.text.count("\n", 0, offset) + 1
             paths = ", ".join(f"{x.path}:{x.line + 1}-{x.line + len(x.text.splitlines())}" for x in chosen) or "none"
@@ -375,7 +397,7 @@ class LladaServer(LanguageServer):
         if doc is None or doc.version != version or self._active != at or self.completer is None:
             return  # closed, typed in (a request follows), or a newer completion elsewhere
         before = self.context.current(uri)
-        chosen = self.context_for(doc, offset, fresh=True)
+        chosen = await self.context_for(doc, offset, fresh=True)
         if chosen == before or not chosen:
             return
         s = self.settings

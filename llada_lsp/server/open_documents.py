@@ -31,8 +31,11 @@ class OpenDocuments:
         return list(self._docs.values())
 
     def open(self, uri: str, version: int, text: str, language: str = "") -> Document:
-        self._docs[uri] = Document(uri, version, text, language)
-        return self._docs[uri]
+        """A didOpen. Its line index is built now, with the message's parsing, not by the first request
+        (a 5.8 MB document's took ~150 ms of the event loop in a rewrite, and a status request waited)."""
+        doc = self._docs[uri] = Document(uri, version, text, language)
+        doc.line_starts  # noqa: B018 (built now)
+        return doc
 
     def change(self, uri: str, version: int, changes: list[types.TextDocumentContentChangeEvent],
                encoding: str) -> list[str]:  # fmt: skip

@@ -36,6 +36,10 @@ class Settings:
     # chunks) start the prompt; they take at most `context_files_share` percent of it.
     context_files: bool = field(default=True, metadata={"kind": "bool"})
     context_files_share: int = field(default=25, metadata={"range": (0, MAX_CONTEXT_SHARE)})
+    # Open documents outside the workspace folders (and those with no local path) may be snippets too.
+    context_outside_workspace: bool = field(default=False, metadata={"kind": "bool"})
+    # Snippets go to an engine service over TCP or with the SGLang backend (they may leave the machine).
+    context_remote: bool = field(default=False, metadata={"kind": "bool"})
     # Where the model runs (read at `initialize`; None: the command line's --engine).
     engine: str | None = field(default=None, metadata={"kind": "engine"})
 

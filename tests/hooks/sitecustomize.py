@@ -64,3 +64,49 @@ if _canvas_log:
         return seq_id
 
     native.NativeBatch.add = _logged_add
+
+# With LLADA_LSP_TEST_PROMPT_LOG set to a path, every job the server runs appends one JSON line there:
+# its label and the texts of the other files' snippets it carries (what its prompt starts with), so a
+# test sees what reached a prompt, whatever the server's own log says.
+_prompt_log = os.environ.get("LLADA_LSP_TEST_PROMPT_LOG")
+if _prompt_log:
+    import json
+
+    from llada_lsp.server import language_server
+
+    _run_job = language_server.LladaServer.run_job
+
+    async def _logged_run_job(self, key, label, job, on_draft=None):
+        texts = [s["text"] if isinstance(s, dict) else s.text for s in (getattr(job, "context", None) or ())]
+        paths = [s["path"] if isinstance(s, dict) else s.path for s in (getattr(job, "context", None) or ())]
+        with open(_prompt_log, "a") as f:
+            f.write(json.dumps({"label": label, "paths": paths, "texts": texts}) + "\n")
+        return await _run_job(self, key, label, job, on_draft)
+
+    language_server.LladaServer.run_job = _logged_run_job
+
+# With LLADA_LSP_TEST_SWAP set to "PATH::fifo" or "PATH::link:TARGET", the first time the server resolves
+# PATH's real path (after its checks that it is a regular file inside the workspace) the file at PATH is
+# replaced by a FIFO or by a symbolic link to TARGET, and every resolution of PATH answers PATH as before
+# the swap: the file changes between the check and the open, every time, deterministically.
+_swap = os.environ.get("LLADA_LSP_TEST_SWAP")
+if _swap:
+    import os.path
+
+    _target, _, _kind = _swap.partition("::")
+    _realpath = os.path.realpath
+    _swapped = []
+
+    def _swapping_realpath(path, *args, **kwargs):
+        if os.fspath(path) == _target:
+            if not _swapped:
+                _swapped.append(True)
+                os.unlink(_target)
+                if _kind == "fifo":
+                    os.mkfifo(_target)
+                else:
+                    os.symlink(_kind.removeprefix("link:"), _target)
+            return _target
+        return _realpath(path, *args, **kwargs)
+
+    os.path.realpath = _swapping_realpath
