@@ -102,7 +102,7 @@ class Infill(Message):
     draft: str | None = None
     typed: int | None = None
     # Snippets of the client's other files, most alike first: [{"path", "text"}] (at most 16, each at
-    # most 8000 characters: completion/context.py), and the percent of the prompt they may take.
+    # most 8000 characters: completion/snippets.py), and the percent of the prompt they may take.
     context: list[dict[str, str]] | None = None
     context_share: int | None = None
     # Only prefill the prompt (the prefix cache keeps it) in idle time: a new set of snippets is made

@@ -6,23 +6,23 @@ prompt's budget with snippets, huge files included; the wire's `context` field."
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import msgpack
 import pytest
 
 from llada_lsp import wire
-from llada_lsp.completion import context as ctx
-from llada_lsp.completion import next_edit
-from llada_lsp.completion.context import Snippet, choose, python_imports, render_snippets, windows
+from llada_lsp.completion import next_edit, python_names, ranking, snippets
 from llada_lsp.completion.history import History
 from llada_lsp.completion.jobs import Infill, Rewrite, from_wire, to_wire
 from llada_lsp.completion.next_edit import NextEdit, next_edit_prompt
 from llada_lsp.completion.prompt import TextCodec, infill_prompt, rewrite_prompt
 from llada_lsp.completion.prompt import context_ids as ctx_ids
+from llada_lsp.completion.python_names import python_imports
+from llada_lsp.completion.ranking import choose, windows
+from llada_lsp.completion.snippets import Snippet, render_snippets
 from llada_lsp.model import EMBEDDED_MODEL, load_tokenizer
-from llada_lsp.server.context import MAX_FILE_BYTES, PAUSE_SECONDS, ContextFiles
+from llada_lsp.server.context_files import MAX_FILE_BYTES, PAUSE_SECONDS, ContextFiles
 from llada_lsp.server.documents import Document
 
 GEOMETRY = "def rectangle_area(width, height):\n    return width * height\n\n\ndef triangle_area(base, height):\n" \
@@ -62,7 +62,7 @@ def test_the_most_alike_snippet_comes_first_and_unrelated_code_is_left_out():
 def test_snippets_the_window_holds_already_are_left_out_and_the_budget_holds():
     text = "".join(f"def area_{i}(width, height):\n    return width * height + {i}\n\n" for i in range(60))
     candidates = windows(text, "shapes.py")
-    assert all(s.text.count("\n") <= ctx.SNIPPET_LINES for s in candidates)
+    assert all(s.text.count("\n") <= snippets.SNIPPET_LINES for s in candidates)
     chosen = choose(candidates, "area(width, height)", "", 1_500)
     assert chosen and len(render_snippets(chosen)) <= 1_500
     # no two overlapping windows of one file
@@ -99,7 +99,7 @@ CHECKOUT = "from pkg.shop import Basket, checkout_total as total\n\n\ndef checko
 
 
 def test_the_names_wanted_are_the_nearest_code_names_first_then_the_imported_ones():
-    wanted = ctx.python_wanted(CHECKOUT, len(CHECKOUT))
+    wanted = python_names.python_wanted(CHECKOUT, len(CHECKOUT))
     assert wanted[:4] == ["basket", "label", "owner", "Basket"], "nearest the cursor first"
     assert wanted.index("article") < wanted.index("checkout_total"), "imported names come after the near ones"
     assert "checkout" not in wanted, "the document's own definitions are not looked for"
@@ -107,16 +107,20 @@ def test_the_names_wanted_are_the_nearest_code_names_first_then_the_imported_one
 
 
 def test_a_definition_is_its_line_and_its_block_bounded():
-    defined = ctx.defined_at(SHOP)
+    defined = python_names.defined_at(SHOP)
     assert set(defined) >= {"gift_0", "DEFAULT_PRICES", "Basket", "__init__", "add_article", "checkout_total"}
     assert "items" not in defined and "step_0" not in defined, "only module-level assignments define a name"
     source = Snippet("pkg/shop.py", SHOP, "shop")
-    basket = ctx.definition(source, defined["Basket"][0])
+    basket = python_names.definition(source, defined["Basket"][0])
     assert basket.text.startswith("class Basket:\n") and basket.text.endswith("quantity))\n")
     assert basket.line == SHOP[: SHOP.index("class Basket")].count("\n") and basket.origin == "shop"
-    assert ctx.definition(source, defined["DEFAULT_PRICES"][0]).text == "DEFAULT_PRICES = {\n    'apple': 3,\n}\n"
-    assert ctx.definition(source, defined["checkout_total"][0]).text.count("\n") == ctx.DEFINITION_LINES
-    found = ctx.python_definitions([source], CHECKOUT, len(CHECKOUT))
+    assert (
+        python_names.definition(source, defined["DEFAULT_PRICES"][0]).text == "DEFAULT_PRICES = {\n    'apple': 3,\n}\n"
+    )
+    assert (
+        python_names.definition(source, defined["checkout_total"][0]).text.count("\n") == python_names.DEFINITION_LINES
+    )
+    found = python_names.python_definitions([source], CHECKOUT, len(CHECKOUT))
     assert [s.text.split("\n")[0] for s in found] == ["class Basket:", "def checkout_total(basket):"]
 
 
@@ -125,7 +129,7 @@ def test_a_definition_ranks_ahead_of_windows_a_little_more_alike_but_not_far_mor
     definition = Snippet("shop.py", "class Basket:\n    pass\n", "shop", 40)  # shares 1 of 5 names: 0.2
     close = Snippet("other.py", "basket(owner)\n", "other")  # 2 of 5: 0.4, within DEFINITION_BONUS... of 0.2
     far = Snippet("far.py", "basket, Basket, owner, article\n", "far")  # 4 of 5: 0.8
-    assert ctx.DEFINITION_BONUS < 0.4 - 0.2 + ctx.DEFINITION_BONUS < 0.8 - 0.2
+    assert ranking.DEFINITION_BONUS < 0.4 - 0.2 + ranking.DEFINITION_BONUS < 0.8 - 0.2
     assert choose([close], around, "", 10_000, first=[definition]) == (close, definition)
     assert choose([close, far], around, "", 10_000, first=[definition])[0] == far
 
@@ -139,7 +143,7 @@ def test_the_definition_of_an_imported_class_beats_code_that_only_looks_alike(wo
     chosen = files.choose_now(doc, len(CHECKOUT), [doc], History(), 200)
     assert chosen[0].text.startswith("class Basket:\n") and "add_article" in chosen[0].text
     # the windows alone: the functions at the top look more like the cursor's code, and the class is not in them
-    alike = ctx.choose_at(files.candidates(doc, [doc], History()), CHECKOUT, len(CHECKOUT), 200)
+    alike = ranking.choose_at(files.candidates(doc, [doc], History()), CHECKOUT, len(CHECKOUT), 200)
     assert alike and all("add_article" not in s.text for s in alike)
     # an open module is read as the editor has it; other languages get no definitions
     shop = Document(uri(workspace / "pkg" / "shop.py"), 2, SHOP.replace("class Basket", "class Basket(Base)"), "python")
@@ -193,7 +197,7 @@ def test_client_chunks_are_bounded_and_named(workspace: Path):
     assert files.receive({"text": "def rectangle_area_chunk(width, height): pass\n",
                           "uri": uri(workspace / "pkg" / "c.py")}) is None  # fmt: skip
     assert files.chunks[-1].path == "pkg/c.py"
-    assert "over" in files.receive({"text": "x" * (ctx.MAX_SNIPPET_CHARS + 1)})
+    assert "over" in files.receive({"text": "x" * (snippets.MAX_SNIPPET_CHARS + 1)})
     assert "takes" in files.receive({"uri": "file:///a.py"})
     for i in range(40):
         files.receive({"text": f"chunk_{i} = {i}\n"})
@@ -315,26 +319,26 @@ def test_the_wire_carries_path_and_text_only_and_refuses_bad_context():
     assert to_wire(Infill("a", "b", "speed", 8, 256), 2, "k", False).to_dict().keys().isdisjoint({"context", "warm"})
     greedy = dataclasses.replace(frame, context_share=99)  # a peer's share past the bound: the window keeps a quarter
     assert from_wire(greedy).context_share == 75
-    assert ctx.wire_problem([{"path": "p.py"}]) is not None
-    assert ctx.wire_problem([{"path": "p", "text": "x" * (ctx.MAX_SNIPPET_CHARS + 1)}]) is not None
-    assert ctx.wire_problem([{"path": "p", "text": "x"}] * (ctx.MAX_WIRE_SNIPPETS + 1)) is not None
+    assert snippets.wire_problem([{"path": "p.py"}]) is not None
+    assert snippets.wire_problem([{"path": "p", "text": "x" * (snippets.MAX_SNIPPET_CHARS + 1)}]) is not None
+    assert snippets.wire_problem([{"path": "p", "text": "x"}] * (snippets.MAX_WIRE_SNIPPETS + 1)) is not None
     body = msgpack.packb({"type": "infill", "id": 1, "key": "k", "before": "", "after": "", "mode": "speed",
                           "max_tokens": 1, "context_tokens": 1, "context": [{"path": 1}]})  # fmt: skip
     with pytest.raises(wire.WireError):
         wire.decode(body)
-    assert wire.VERSION == 4 and os.path.basename(ctx.__file__) == "context.py"
+    assert wire.VERSION == 4
 
 
 def test_a_rewrite_carries_the_snippets_too_and_its_prompt_keeps_the_models_positions(codec):
     job = Rewrite.at(MAIN + "rectangle_area(width, height)\n", len(MAIN), len(MAIN) + 29, "quality", 1024)
-    job = dataclasses.replace(job, context=ctx.to_wire([Snippet("pkg/geometry.py", GEOMETRY)]), context_share=40)
+    job = dataclasses.replace(job, context=snippets.to_wire([Snippet("pkg/geometry.py", GEOMETRY)]), context_share=40)
     back = from_wire(wire.decode(wire.encode(to_wire(job, 3, "r", False))[4:]))
     assert back == job
-    snippets = ctx.from_wire(back.context)
-    p = rewrite_prompt(back.before, back.selection, back.after, codec, 512, 1024, context=snippets, context_share=40)
-    assert len(p.prompt.ids) + p.gen_length <= 512 and p.prompt.context == snippets
-    assert p.prompt.ids[: p.prompt.ids.index(codec.special.fim_prefix)] == codec.encode(render_snippets(snippets))
-    assert ctx.wire_problem(None) is None
+    chosen = snippets.from_wire(back.context)
+    p = rewrite_prompt(back.before, back.selection, back.after, codec, 512, 1024, context=chosen, context_share=40)
+    assert len(p.prompt.ids) + p.gen_length <= 512 and p.prompt.context == chosen
+    assert p.prompt.ids[: p.prompt.ids.index(codec.special.fim_prefix)] == codec.encode(render_snippets(chosen))
+    assert snippets.wire_problem(None) is None
 
 
 def test_choose_at_is_what_the_front_chooses_with():
@@ -344,9 +348,9 @@ def test_choose_at_is_what_the_front_chooses_with():
     files.outside_workspace = True
     chosen = files.choose_now(doc, len(doc.text), [doc, geometry], History(), 100)
     candidates, modules = files.candidates(doc, [doc, geometry], History()), files.modules(doc, [doc, geometry])
-    assert chosen == ctx.choose_at(candidates, doc.text, len(doc.text), 100, modules)
+    assert chosen == ranking.choose_at(candidates, doc.text, len(doc.text), 100, modules)
     assert chosen[0].text == GEOMETRY, "the definition's module, whole: it is no longer than one snippet"
-    assert ctx.lines_around("a\nb\nc\nd\n", 4, 1, 0) == "b\nc\n"
+    assert snippets.lines_around("a\nb\nc\nd\n", 4, 1, 0) == "b\nc\n"
 
 
 def test_a_next_edit_carries_the_snippets_first_and_keeps_its_history_and_window(codec):

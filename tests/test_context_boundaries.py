@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from llada_lsp.completion.context import python_imports
+from llada_lsp.completion.python_names import python_imports
 from llada_lsp.server import workspace_files
-from llada_lsp.server.context import ContextFiles
+from llada_lsp.server.context_files import ContextFiles
 from llada_lsp.server.documents import Document
 from llada_lsp.server.uris import path_of
 from llada_lsp.server.workspace_files import (
@@ -213,27 +213,28 @@ async def test_gather_waits_at_most_its_budget_and_the_answer_serves_the_next_ch
 
 
 def test_snippets_go_to_an_engine_elsewhere_only_when_allowed():
-    from llada_lsp.server.completers import RemoteCompleter
-    from llada_lsp.server.language_server import LladaServer
+    from llada_lsp.server.completers import LocalCompleter, RemoteCompleter
 
     def remote(address: str, revise) -> RemoteCompleter:
         c = object.__new__(RemoteCompleter)
         c.address, c.client = address, SimpleNamespace(welcome=SimpleNamespace(revise=revise))
         return c
 
-    server = SimpleNamespace()
-    for completer, leaves in [(None, False), (remote("unix:/tmp/s", None), False), (remote("tcp://h:1", None), True),
+    assert LocalCompleter.leaves_machine is False
+    for completer, leaves in [(remote("unix:/tmp/s", None), False), (remote("tcp://h:1", None), True),
                               (remote("unix:/tmp/s", False), True)]:  # fmt: skip
-        server.completer = completer
-        assert LladaServer.context_leaves_machine.fget(server) is leaves
+        assert completer.leaves_machine is leaves
 
 
 async def test_no_snippets_for_an_engine_elsewhere_without_context_remote(ws: Path):
-    from llada_lsp.server.language_server import LladaServer
+    from llada_lsp.server.cross_file import CrossFile
+    from llada_lsp.server.open_documents import OpenDocuments
     from llada_lsp.server.settings import Settings
 
     said = []
-    fake = SimpleNamespace(settings=Settings(), context_leaves_machine=True, log=said.append)
+    elsewhere = SimpleNamespace(leaves_machine=True)
+    cross_file = CrossFile(ContextFiles(), OpenDocuments(), Settings, lambda: elsewhere, said.append)
     doc = Document((ws / "main.py").as_uri(), 1, "from pkg import good\ngood(", "python")
-    assert await LladaServer.context_for(fake, doc, len(doc.text)) == ()
+    assert await cross_file.snippets_for(doc, len(doc.text)) == ()
+    assert await cross_file.snippets_for(doc, len(doc.text)) == ()
     assert len(said) == 1 and "contextRemote" in said[0]

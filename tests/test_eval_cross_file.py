@@ -120,12 +120,12 @@ def test_the_command_runs_the_real_servers(tmp_path: Path, service: bool):
 
 def test_training_samples_start_with_the_imported_modules_as_the_server_renders_them():
     """The fine-tune's sequences: the server's prompt (snippets of the imported modules, rendered by
-    completion/context.py, before <|fim_prefix|>), then the hole's middle, then end-of-text to the end."""
+    completion/snippets.py, before <|fim_prefix|>), then the hole's middle, then end-of-text to the end."""
     from transformers import AutoTokenizer
 
     from llada_lab.training.cross_file import CrossFileSamples
     from llada_lsp.completion.codec import TextCodec
-    from llada_lsp.completion.context import Snippet, render_snippets
+    from llada_lsp.completion.snippets import Snippet, render_snippets
     from llada_lsp.model import EMBEDDED_MODEL
 
     codec = TextCodec.from_tokenizer(AutoTokenizer.from_pretrained(str(EMBEDDED_MODEL), local_files_only=True))

@@ -273,7 +273,7 @@ def report(splits: dict[str, list[CrossFileTask]], answers: dict[str, dict[str, 
 
 def coverage(tasks: list[CrossFileTask], workspace: Workspace, texts: dict[str, str], model: str | None,
              share: int) -> Table:  # fmt: skip
-    """`--coverage`: the server's chooser (server/context.py, in this process: no model runs) on each
+    """`--coverage`: the server's chooser (server/context_files.py, in this process: no model runs) on each
     task as `ask` sets it up, and whether the answer's name is in the snippets' lines, and in what the
     prompt keeps of them (completion/prompt.py `context_ids`: the share of the budget the engine gives
     an infill of that kind, with `model`'s tokenizer and positions)."""
@@ -283,7 +283,7 @@ def coverage(tasks: list[CrossFileTask], workspace: Workspace, texts: dict[str, 
     from llada_lsp.completion.pipeline import cursor_context
     from llada_lsp.completion.prompt import context_ids
     from llada_lsp.model import EMBEDDED_MODEL
-    from llada_lsp.server.context import ContextFiles
+    from llada_lsp.server.context_files import ContextFiles
     from llada_lsp.server.documents import Document
 
     codec = load_codec(model, model or "embedded")

@@ -251,7 +251,7 @@ def group_by_package(*corpora: list[SourceFile]) -> dict[str, list[SourceFile]]:
 class CrossFileSamples:
     """Endless training sequences, one hole each: the package's related files (the modules the file
     imports, sometimes one more file of the package beside them) chosen and rendered into the prompt
-    by the server's own functions (completion/context.py `windows`, `choose_at` with the modules as its
+    by the server's own functions (completion/ranking.py `windows`, `choose_at` with the modules as its
     `sources`, as the front passes the imported and open ones; completion/prompt.py
     `infill_prompt`), then the middle and end-of-text to the sequence's end, as a generation's room
     ends. Half the holes are cross-file ones (`_candidates`: the answer uses a name only the snippets'
@@ -267,7 +267,7 @@ class CrossFileSamples:
         self.kinds = [(k, w) for k, w in zip(HOLE_KINDS, HOLE_WEIGHTS) if k != "plain"]
         self.rng = random.Random(seed)
         self.files: list[tuple[SourceFile, list[SourceFile], list[_Candidate], list[SourceFile]]] = []
-        self.windows: dict[str, list] = {}  # path -> its candidate snippets (completion/context.py `windows`)
+        self.windows: dict[str, list] = {}  # path -> its candidate snippets (completion/ranking.py `windows`)
         for files in packages.values():
             modules, defined = modules_of(files), {}
             for f in files:
@@ -291,9 +291,10 @@ class CrossFileSamples:
         return cut_hole(f.text, kind, self.rng)
 
     def sample(self) -> list[int]:
-        from llada_lsp.completion.context import Snippet, choose_at, windows
         from llada_lsp.completion.jobs import CONTEXT_TOKENS
         from llada_lsp.completion.prompt import infill_prompt
+        from llada_lsp.completion.ranking import choose_at, windows
+        from llada_lsp.completion.snippets import Snippet
 
         while True:
             f, imported, candidates, package = self.rng.choice(self.files)

@@ -15,7 +15,6 @@ from ..address import parse_address, read_token
 from ..backends import native
 from ..completion.generation import add_model_arguments
 from ..server import tcp
-from ..server.completers import LocalCompleter
 from ..server.handlers import create_server
 from ..server.language_server import Launch, LladaServer
 from ..server.protocol import exit_now
@@ -94,6 +93,6 @@ def _end(ls: LladaServer) -> int:
     still runs the process ends at once: an interpreter tearing down under a thread inside torch wrote
     `I/O operation on closed file` tracebacks by the thousand."""
     code = 0 if ls.shutdown_requested else 1
-    if isinstance(ls.completer, LocalCompleter) and not ls.completer.worker.stop(timeout=0):
+    if ls.completer is not None and not ls.completer.stop():
         exit_now(code)
     return code

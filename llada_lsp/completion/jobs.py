@@ -12,10 +12,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from .. import wire
-from . import context as snippets
+from . import snippets
 from .codec import without_surrogates
-from .context import Snippet
 from .prompt import CHARS_PER_TOKEN
+from .snippets import Snippet
 
 MAX_TOKENS = 64  # a completion's length, unless a request says otherwise (the server's maxCompletionTokens)
 CONTEXT_TOKENS = 1024  # the prompt's budget, unless a request says otherwise (the server's contextTokens)
@@ -38,7 +38,7 @@ class Infill:
     draft: str | None = None
     typed: int = 0
     # Snippets of other files, most alike first, and the percent of the prompt they may take at most
-    # (completion/context.py; the front chose them). `warm`: prefill the prompt only (idle time).
+    # (completion/snippets.py; the front chose them: ranking.py). `warm`: prefill the prompt only (idle time).
     context: tuple[Snippet, ...] = ()
     context_share: int = 0
     warm: bool = False
@@ -56,7 +56,7 @@ class Infill:
 @dataclass(frozen=True)
 class Rewrite(wire.RewriteAsk):
     """Revise `selection`, which sits between `before` and `after` (the window around it): the fields
-    are the wire's, declared once there (its `context` too: snippets as completion/context.py: to_wire
+    are the wire's, declared once there (its `context` too: snippets as completion/snippets.py: to_wire
     makes them)."""
 
     @classmethod
@@ -109,7 +109,7 @@ def to_wire(job: Job, request_id: int, key: str, drafts: bool) -> wire.Infill | 
         return wire.Infill(request_id, key, before, after, job.mode, job.max_tokens, job.context_tokens, drafts,
                            draft, job.typed if draft is not None else None, context or None,
                            job.context_share if context else None, job.warm or None)  # fmt: skip
-    context = job.context or None  # made by completion/context.py: to_wire, surrogates replaced
+    context = job.context or None  # made by completion/snippets.py: to_wire, surrogates replaced
     ask = dataclasses.replace(job, before=before, selection=without_surrogates(job.selection), after=after,
                               context=context, context_share=job.context_share if context else None)  # fmt: skip
     return wire.Rewrite(**_ask_fields(ask), drafts=drafts, id=request_id, key=key)

@@ -49,7 +49,7 @@ def fim_ids(prefix_ids: list[int], suffix_ids: list[int], middle_ids: list[int],
 
 def chat_infill_prompt(prefix: str, suffix: str, instruction: str | None = None, context: str = "") -> str:
     """For checkpoints without FIM tokens (the real LLaDA2.1): the hole is described in words.
-    `context`: other files' code described in words (completion/context.py: describe_snippets), first
+    `context`: other files' code described in words (completion/snippets.py: describe_snippets), first
     in the turn, so that it is the prompt's stable start."""
     task = instruction or "Write the code that goes at <HOLE>. Answer with that code only, no explanation."
     body = f"{context}{task}\n\n```\n{prefix}<HOLE>{suffix}\n```"

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 
 from .. import wire
 from ..errors import Refused
-from . import context as snippets
+from . import snippets
 from .codec import TextCodec, without_surrogates
-from .context import Snippet, line_span
 from .generation import Draft, Flag, GenerationRequest, LoadedModel, Result, check_request
 from .jobs import MAX_CONTEXT_SHARE, Outcome, trimmed
 from .jobs import window as cut
 from .pipeline import Plan, _keep_line_ends
 from .postprocess import bound_rewrite, strip_special, unfence
 from .prompt import CHARS_PER_TOKEN, InfillPrompt, SelectionTooLong, infill_prompt
+from .snippets import Snippet, line_span
 from .syntax import Balance, check_rewrite
 
 WINDOW_LINES = 21  # Sweep's fixed window: 10 lines above the cursor's, 10 below
@@ -312,7 +312,7 @@ class NextEdit:
     python: bool = False
     mode: str = MODE
     cursor: int | None = None  # the cursor's offset in `window` (the draft's gap: draft_ids)
-    context: tuple[Snippet, ...] = ()  # snippets of other files (completion/context.py), and their share
+    context: tuple[Snippet, ...] = ()  # snippets of other files (completion/snippets.py), and their share
     context_share: int = 0
 
     @classmethod

@@ -16,7 +16,7 @@ from itertools import accumulate
 from os.path import commonprefix  # character by character: the text both show
 
 from ..errors import Refused
-from . import context as snippets
+from . import snippets
 from .generation import Draft, Flag, GenerationRequest, LoadedModel, Result, check_request
 from .jobs import MAX_CONTEXT_SHARE, Infill, Job, Outcome, Rewrite, trimmed
 from .postprocess import Completion, Cursor, bound_rewrite, finish, strip_special, unfence

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 from ..errors import Refused
 from .codec import TextCodec
-from .context import Snippet, describe_snippets, render_snippets
 from .layouts import chat_infill_prompt, fim_ids
+from .snippets import Snippet, describe_snippets, render_snippets
 
 MIN_SNIPPET_LINES = 3  # a snippet cut to fit keeps at least this many lines, or is left out
 CONTEXT_CACHE = 16  # snippet sets whose fitted ids are remembered (a few documents' sets, each for its line)
-MAX_SNIPPETS_IN_PROMPT = 16  # as many as a request may carry (completion/context.py: MAX_WIRE_SNIPPETS)
+MAX_SNIPPETS_IN_PROMPT = 16  # as many as a request may carry (completion/snippets.py: MAX_WIRE_SNIPPETS)
 QUANTUM = 32  # the cursor line's share of the prefix grows in steps of (at most) one block, so its start stays put
 CHARS_PER_TOKEN = 16  # bounds the text looked at (a 2 MB document is never tokenized whole)
 _HOLE_PREFIX, _HOLE_SUFFIX, _CONTEXT = "\ue000", "\ue001", "\ue002"  # private-use sentinels to split the chat template

@@ -1,6 +1,6 @@
 """Where the LSP front's completions come from: the model in this process (`LocalCompleter`, on the
-model thread) or an engine service over a socket (`RemoteCompleter`), behind one small interface:
-`run(key, label, job, on_draft) -> Outcome`, `cancel_key`, `status`, `stop`.
+model thread) or an engine service over a socket (`RemoteCompleter`), behind one small interface
+(`Completer`): the server asks it and never which one it is.
 
 Knows jobs as plain values (completion/jobs.py) and the wire protocol; nothing of pygls. A remote
 completer imports no torch: a front connected to a service never loads the model's libraries.
@@ -9,9 +9,10 @@ completer imports no torch: a front connected to a service never loads the model
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from .. import wire
 from ..address import parse_address
@@ -20,10 +21,12 @@ from ..completion.generation import ModelSpec
 from ..completion.jobs import Job, Outcome, outcome_of, to_wire
 from ..completion.pipeline import make_plan
 from ..errors import Refused
-from ..runtime.worker import ModelUnavailable, ModelWorker, Ticket
+from ..runtime.worker import Loader, ModelUnavailable, ModelWorker, Ticket
 from ..service.client import EngineClient, EngineFailure
 
 DraftCallback = Callable[[int, Any], None]
+
+logger = logging.getLogger(__name__)
 
 
 def next_edit_key(uri: str) -> str:
@@ -47,14 +50,55 @@ class CompletionFailed(Exception):
     """A request the completer could not serve; the message is for the user."""
 
 
+class Completer(Protocol):
+    """What the server asks of where its completions come from."""
+
+    address: str  # "local", or where the engine service is: for messages and status
+
+    @property
+    def revises(self) -> bool:
+        """Whether a generation can start from a draft (typing through a suggestion revises it)."""
+
+    @property
+    def leaves_machine(self) -> bool:
+        """Whether what is sent to it may leave this machine (a service over TCP, or SGLang's)."""
+
+    @property
+    def embedded(self) -> bool:
+        """Whether it runs the embedded model, known before the model has loaded (it follows no
+        instruction)."""
+
+    def load(self, spec: ModelSpec, report: Callable[[str, int], None]) -> Ticket | None:
+        """Loads `spec` here; None where the model is not this process's to choose (a service's)."""
+
+    async def run(self, key: str, label: str, job: Job, on_draft: DraftCallback | None) -> Outcome:
+        """`job`'s outcome; it supersedes the running job of `key`. Raises CompletionFailed, or
+        CancelledError when superseded or cancelled."""
+
+    def cancel_key(self, key: str) -> None: ...
+
+    async def refresh(self) -> None:
+        """Reaches the engine again if it went away (a service); nothing for the model here."""
+
+    def status(self) -> dict[str, Any]: ...
+
+    def stop(self) -> bool:
+        """Stops without waiting; True when nothing of it still runs."""
+
+
 class LocalCompleter:
     """The model in this process, on a ModelWorker thread."""
 
     address = "local"
     revises = True  # the native engine starts from a draft
+    leaves_machine = False
 
     def __init__(self, worker: ModelWorker):
         self.worker = worker
+
+    @property
+    def embedded(self) -> bool:
+        return self.worker.spec.path is None
 
     def load(self, spec: ModelSpec, report: Callable[[str, int], None]) -> Ticket:
         return self.worker.load(spec, report)
@@ -75,6 +119,9 @@ class LocalCompleter:
     def cancel_key(self, key: str) -> None:
         self.worker.cancel_key(key)
 
+    async def refresh(self) -> None:
+        pass
+
     def status(self) -> dict[str, Any]:
         out = {"engine": "local", "model": self.worker.spec.name, "state": self.worker.state}
         if self.worker.error:
@@ -84,8 +131,8 @@ class LocalCompleter:
             out.update({key: fields[key] for key in ("family", "decoding") if key in fields})
         return out
 
-    def stop(self) -> None:
-        self.worker.stop(timeout=0)
+    def stop(self) -> bool:
+        return self.worker.stop(timeout=0)
 
 
 class RemoteCompleter:
@@ -122,10 +169,20 @@ class RemoteCompleter:
     def _on_status(self, status: wire.Status) -> None:
         self._last = status
 
+    embedded = False  # the service refuses an instruction itself when its model cannot follow one
+
     @property
     def revises(self) -> bool:
         """Whether the service's backend starts from a draft (its welcome says False for SGLang)."""
         return self.client.welcome.revise is not False
+
+    @property
+    def leaves_machine(self) -> bool:
+        """A service over TCP, or one whose backend is SGLang (its server may be anywhere)."""
+        return self.address.startswith("tcp") or not self.revises
+
+    def load(self, spec: ModelSpec, report: Callable[[str, int], None]) -> None:
+        return None  # the model is the service's
 
     async def _connected(self) -> EngineClient:
         if self.client.gone is None:
@@ -182,7 +239,29 @@ class RemoteCompleter:
             out.update(family=last.family, decoding=last.decoding)
         return out
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
         for task in self._keys.values():
             task.cancel()
         asyncio.ensure_future(self.client.close())
+        return True
+
+
+async def choose(choice: str, token: str | None, loader: Loader | None,
+                 log: Callable[[str], None]) -> tuple[Completer | None, str | None]:  # fmt: skip
+    """The completer for the engine setting `choice` ("local", "auto" or a service's address): the
+    engine service if one is asked for (or, with `auto`, answers at the default socket), else the model
+    in this process (not loaded yet); or None and why not (the named service did not answer, or this
+    server has no model of its own)."""
+    if choice != "local":
+        try:
+            remote = await RemoteCompleter.connect(None if choice == "auto" else choice, token, log)
+        except EngineFailure as err:
+            if choice != "auto":
+                return None, f"cannot use the engine service at {choice}: {err.message}"
+            logger.info("no engine service at the default socket (%s): the model runs in this process", err.message)
+        else:
+            logger.info("using the engine service at %s (model %s)", remote.address, remote.status()["model"])
+            return remote, None
+    if loader is None:
+        return None, "this server was started without a model of its own: set engine to a service's address"
+    return LocalCompleter(ModelWorker(asyncio.get_running_loop(), log, loader)), None

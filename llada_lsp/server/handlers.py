@@ -16,14 +16,14 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 from pygls.protocol import default_converter
 
-from ..completion import context as snippets
+from ..completion import snippets
 from ..completion.jobs import Rewrite
 from ..completion.syntax import is_python
 from . import inline, next_edit
 from .actions import REWRITE, apply_rewrite, code_action, not_applied, tell_unapplied
 from .ale import is_ale
-from .completers import LocalCompleter, rewrite_key
-from .context import CLIENT as CONTEXT
+from .completers import rewrite_key
+from .context_files import CLIENT as CONTEXT
 from .language_server import Launch, LladaServer
 from .open_documents import span
 from .protocol import REQUEST_FAILED, why
@@ -45,7 +45,7 @@ async def initialize(ls: LladaServer, params: types.InitializeParams) -> None:
 async def initialized(ls: LladaServer, params: types.InitializedParams) -> None:
     ls.flush_told()
     ls.background(ls.watch_status())
-    await ls.show_load_progress()
+    await ls.loading.show(lambda: ls.status()["state"])
 
 
 def context_chunk(ls: LladaServer, params: Any) -> None:
@@ -55,7 +55,7 @@ def context_chunk(ls: LladaServer, params: Any) -> None:
     if problem is not None:
         ls.log(problem, types.MessageType.Warning)
     else:
-        ls.warm_later()
+        ls.cross_file.warm_later()
 
 
 def did_change_workspace_folders(ls: LladaServer, params: types.DidChangeWorkspaceFoldersParams) -> None:
@@ -64,7 +64,7 @@ def did_change_workspace_folders(ls: LladaServer, params: types.DidChangeWorkspa
 
 def did_change_configuration(ls: LladaServer, params: types.DidChangeConfigurationParams) -> None:
     if ls.configure(settings_section(params.settings)):
-        ls.background(ls.show_load_progress())
+        ls.background(ls.loading.show(lambda: ls.status()["state"]))
 
 
 @dataclass(frozen=True)
@@ -106,14 +106,14 @@ async def _rewrite_selection(ls: LladaServer, params: types.ExecuteCommandParams
     if doc is None or doc.version != arg.version:
         return not_applied(ls, arg.uri, arg.version)
     start, end, target = span(doc, arg.range, ls.encoding)
-    if arg.instruction and isinstance(ls.completer, LocalCompleter) and ls.completer.worker.spec.path is None:
+    if arg.instruction and ls.completer is not None and ls.completer.embedded:
         # Known before the model has loaded (12-27 s on a busy machine): refused at once.
         raise JsonRpcException("embedded is a fill-in-the-middle model and cannot follow an instruction; rewrite "
                                "without one, or load a chat model (LLaDA2.1) to use instructions",
                                code=REQUEST_FAILED)  # fmt: skip
     job = Rewrite.at(doc.text, start, end, ls.settings.rewrite_mode, ls.settings.context_tokens, arg.instruction,
                      is_python(doc.language, doc.uri))  # fmt: skip
-    context = snippets.to_wire(await ls.context_for(doc, start))
+    context = snippets.to_wire(await ls.cross_file.snippets_for(doc, start))
     if context:  # as a completion's prompt: the other files' snippets first, within their share
         job = dataclasses.replace(job, context=context, context_share=ls.settings.context_files_share)
     with WorkDone(ls, params.work_done_token, "llada: rewriting the selection") as progress:

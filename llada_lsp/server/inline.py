@@ -2,7 +2,7 @@
 `textDocument/completion` item, for clients without the former. `complete` cuts the job at the cursor
 (from the rest of the last suggestion when the user typed through it: a revision), runs it with its
 drafts sent as `llada/draft` to clients that asked for them, and remembers what was shown. The prompt
-starts with snippets of the client's other files (server/context.py), the same set while the user
+starts with snippets of the client's other files (server/context_files.py), the same set while the user
 types on one line.
 
 Knows pygls, lsprotocol and jobs as plain values; the pipeline is completion/pipeline.py.
@@ -109,7 +109,7 @@ async def complete(ls: LladaServer, doc: Document, offset: int, at: types.Positi
     revision = suggestions.revision(doc.uri, text, offset) if ls.revising else None
     job = Infill.at(text, offset, s.inline_mode, s.max_completion_tokens, s.context_tokens,
                     *((revision.draft, revision.typed) if revision else ()))  # fmt: skip
-    context = await ls.context_for(doc, offset)
+    context = await ls.cross_file.snippets_for(doc, offset)
     if context:
         job = dataclasses.replace(job, context=context, context_share=s.context_files_share)
     # Inside a word (`re|turn`) the answer replaces the word's rest, which a draft inserted at the
@@ -121,7 +121,7 @@ async def complete(ls: LladaServer, doc: Document, offset: int, at: types.Positi
         send(outcome.steps, outcome.text, final=True)
     if ls.revising:
         suggestions.remember(doc.uri, text, offset, revision if job.draft is not None else None, outcome.text)
-    ls.warm_later((doc.uri, doc.version, offset))
+    ls.cross_file.warm_later((doc.uri, doc.version, offset))
     return outcome.text
 
 

@@ -1,7 +1,7 @@
 """The language server's state (`LladaServer`, one per client): the client's settings, its open
-documents (open_documents.py), where completions come from (the model in this process or an engine
-service), the model's load with its progress, the status pushed to the client, feedback to the user,
-and the model jobs the handlers start (handlers.py, inline.py, next_edit.py).
+documents (open_documents.py), where completions come from (a `Completer`: completers.py), the
+model's load (load_progress.py), the status pushed to the client, feedback to the user, the context of
+other files (cross_file.py) and the model jobs the handlers start (handlers.py, inline.py, next_edit.py).
 
 Knows nothing of tensors or token ids, nor of a backend: the model in this process is loaded by the
 loader the starting command hands in (`Launch.loader`) on the model thread, never here.
@@ -10,11 +10,9 @@ loader the starting command hands in (`Launch.loader`) on the model thread, neve
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import sys
 import threading
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,15 +23,14 @@ from pygls.lsp.server import LanguageServer
 from pygls.protocol import default_converter
 
 from .. import __version__
-from ..completion.context import Snippet
 from ..completion.generation import ModelSpec
-from ..completion.jobs import Infill, Job, Outcome
+from ..completion.jobs import Job, Outcome
 from ..runtime.loop import run as run_loop
-from ..runtime.worker import Loader, ModelWorker, Ticket
-from ..service.client import EngineFailure
-from .completers import CompletionFailed, DraftCallback, LocalCompleter, RemoteCompleter, next_edit_key, warm_key
-from .context import PAUSE_SECONDS, ContextFiles
-from .documents import Document
+from ..runtime.worker import Loader, Ticket
+from .completers import Completer, CompletionFailed, DraftCallback, choose, next_edit_key, warm_key
+from .context_files import ContextFiles
+from .cross_file import CrossFile
+from .load_progress import LoadProgress
 from .open_documents import OpenDocuments
 from .positions import UTF16
 from .protocol import REQUEST_FAILED, LladaProtocol
@@ -69,19 +66,18 @@ class LladaServer(LanguageServer):
                          text_document_sync_kind=types.TextDocumentSyncKind.Incremental)  # fmt: skip
         self.launch, self.settings = launch, launch.defaults
         self.documents = OpenDocuments()
-        self.context = ContextFiles(log=self.log)  # snippets of the client's other files (server/context.py)
-        self._active: tuple[str, int, int] | None = None  # (uri, version, offset) of the last completion
-        self._idle: asyncio.Task | None = None  # the idle choice after it (`warm_later`)
-        self.completer: LocalCompleter | RemoteCompleter | None = None
+        self.context = ContextFiles(log=self.log)  # snippets of the client's other files (server/context_files.py)
+        self.completer: Completer | None = None
+        self.cross_file = CrossFile(
+            self.context, self.documents, lambda: self.settings, lambda: self.completer, self.log
+        )
         self._reconnect: asyncio.Task | None = None
         self._engine_error: str | None = None  # the named service did not answer
         self._told: list[tuple[str, types.MessageType]] | None = []  # messages held until initialize is answered
         self.drafts = False  # the client opted in to llada/draft notifications
         self.ale = False  # the client is Vim's ALE, which cuts completion items at `(` (server/ale.py)
         self.shutdown_requested = False
-        self._load_ticket: Ticket | None = None
-        self._load_token: str | None = None
-        self._load_message = "starting"
+        self.loading = LoadProgress(self, self.log)
         self._tasks: set[asyncio.Task] = set()
         self._pushed: tuple | None = None  # (engine, model, state) last sent as llada/status
 
@@ -149,12 +145,11 @@ class LladaServer(LanguageServer):
             self.show(error, types.MessageType.Warning)
         if self.completer is not None and self.settings.engine != before.engine:
             self.show("the engine setting takes effect when the server starts again", types.MessageType.Warning)
-        if self.settings.model != before.model and isinstance(self.completer, RemoteCompleter):
+        if self.completer is not None and self.settings.model != before.model:
+            if self.start_load() is not None:
+                return True
             self.show(f"the model is the engine service's ({self.completer.address}); the model setting is ignored",
                       types.MessageType.Warning)  # fmt: skip
-        elif self.completer is not None and self.settings.model != before.model:
-            self.start_load()
-            return True
         return False
 
     @property
@@ -163,48 +158,29 @@ class LladaServer(LanguageServer):
         return self.settings.engine or self.launch.engine
 
     async def start_engine(self) -> None:
-        """The engine service if one is asked for (or, with `auto`, answers at the default socket),
-        else the model in this process."""
-        choice = self.engine_choice
-        if choice != "local":
-            address = None if choice == "auto" else choice
-            try:
-                self.completer = await RemoteCompleter.connect(address, self.launch.token, self.log)
-            except EngineFailure as err:
-                if choice != "auto":
-                    error = f"cannot use the engine service at {choice}: {err.message}"
-                    if error != self._engine_error:  # the status watch tries again every second: said once
-                        self.tell(error, types.MessageType.Error)
-                    self._engine_error = error
-                    return  # requests try again (see completer_for_request)
-                logger.info("no engine service at the default socket (%s): the model runs in this process", err.message)
-            else:
-                self._engine_error = None
-                logger.info("using the engine service at %s (model %s)", self.completer.address,
-                            self.completer.status()["model"])  # fmt: skip
-                if self.settings.model:
-                    self.tell(
-                        "the model is the engine service's; the model setting is ignored", types.MessageType.Warning
-                    )
-                return
-        if self.launch.loader is None:
-            self._engine_error = "this server was started without a model of its own: set engine to a service's address"
-            self.tell(self._engine_error, types.MessageType.Error)
+        """The completer the engine setting asks for (`completers.choose`); its model loads, if it has
+        one of its own. Not found, it is said once (the status watch tries again every second)."""
+        completer, error = await choose(self.engine_choice, self.launch.token, self.launch.loader, self.log)
+        if completer is None:
+            if error != self._engine_error:
+                self.tell(error, types.MessageType.Error)
+            self._engine_error = error
             return
-        self.completer = LocalCompleter(ModelWorker(asyncio.get_running_loop(), self.log, self.launch.loader))
-        self.start_load()
+        self.completer, self._engine_error = completer, None
+        if self.start_load() is None and self.settings.model:
+            self.tell("the model is the engine service's; the model setting is ignored", types.MessageType.Warning)
 
     async def reach_engine(self) -> None:
         """Tries again to reach a named service that did not answer, or that went away (at most once
         a second: see RemoteCompleter)."""
-        if isinstance(self.completer, RemoteCompleter):
+        if self.completer is not None:
             await self.completer.refresh()
-        elif self.completer is None and self.engine_choice not in ("local", "auto"):
+        elif self.engine_choice not in ("local", "auto"):
             if self._reconnect is None or self._reconnect.done():
                 self._reconnect = asyncio.ensure_future(self.start_engine())
             await asyncio.shield(self._reconnect)
 
-    async def completer_for_request(self) -> LocalCompleter | RemoteCompleter:
+    async def completer_for_request(self) -> Completer:
         if self.completer is None:
             await self.reach_engine()
         if self.completer is None:
@@ -212,45 +188,21 @@ class LladaServer(LanguageServer):
                                    code=REQUEST_FAILED)  # fmt: skip
         return self.completer
 
-    def start_load(self) -> Ticket:
-        assert isinstance(self.completer, LocalCompleter)
+    def start_load(self) -> Ticket | None:
+        """Loads the model the settings name, where the completer loads one (None: a service's)."""
         spec = ModelSpec(self.settings.model, self.launch.device, self.launch.dtype, self.launch.threads,
                          edit_ids=self.launch.edit_ids)  # fmt: skip
-        self._load_ticket = ticket = self.completer.load(spec, self._on_load_report)
-        ticket.when_done(lambda future: self._on_loaded(future, spec))
-        self.push_status()
+        ticket = self.completer.load(spec, self.loading.report) if self.completer is not None else None
+        if ticket is not None:
+            self.loading.ticket = ticket
+            ticket.when_done(lambda future: self._on_loaded(future, spec))
+            self.push_status()
         return ticket
-
-    def _on_load_report(self, message: str, percent: int) -> None:
-        self._load_message = message
-        if self._load_token is not None:
-            report = types.WorkDoneProgressReport(message=message, percentage=percent)
-            self.work_done_progress.report(self._load_token, report)
 
     def _on_loaded(self, future, spec: ModelSpec) -> None:
         if not future.cancelled() and future.exception() is not None:
             self.show(f"cannot load the model {spec.name}: {future.exception()}")
         self.push_status()
-
-    async def show_load_progress(self) -> None:
-        """$/progress while the model loads, if the client supports server-initiated progress."""
-        ticket = self._load_ticket
-        window = self.client_capabilities.window
-        if ticket is None or not (window and window.work_done_progress):
-            return
-        token = f"llada-load-{uuid.uuid4()}"
-        try:
-            await self.work_done_progress.create_async(token)
-        except Exception as err:  # the client refused the token: no progress bar, nothing else changes
-            self.log(f"no progress bar for loading: {err}")
-            return
-        self._load_token = token
-        begin = types.WorkDoneProgressBegin(title="llada: loading the model", message=self._load_message, percentage=0)
-        self.work_done_progress.begin(token, begin)
-        await asyncio.wait([asyncio.wrap_future(ticket.future)])
-        self._load_token = None
-        state = self.completer.status()["state"] if self.completer else ""
-        self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=state))
 
     def status(self) -> dict[str, Any]:
         if self.completer is not None:
@@ -312,7 +264,7 @@ class LladaServer(LanguageServer):
     def open_document(self, params: types.DidOpenTextDocumentParams) -> None:
         doc = params.text_document
         self.documents.open(doc.uri, doc.version, doc.text, doc.language_id)
-        self.warm_later()  # a new document may change the snippets the last completion's line would get
+        self.cross_file.warm_later()  # a new document may change the snippets the last completion's line would get
 
     def change_document(self, params: types.DidChangeTextDocumentParams) -> None:
         doc = params.text_document
@@ -325,88 +277,15 @@ class LladaServer(LanguageServer):
         uri = params.text_document.uri
         self.documents.close(uri)
         self.context.forget(uri)
-        if self.completer is not None:
-            self.completer.cancel_key(uri)
-            self.completer.cancel_key(next_edit_key(uri))
-            self.completer.cancel_key(warm_key(uri))
-        self.warm_later()
+        for key in (uri, next_edit_key(uri), warm_key(uri)) if self.completer is not None else ():
+            self.completer.cancel_key(key)
+        self.cross_file.warm_later()
 
-    # --- context beyond the file ----------------------------------------------------------------
     def workspace_changed(self) -> None:
         """The workspace folders as pygls holds them (after `initialize`, and after each
         workspace/didChangeWorkspaceFolders, which pygls applies first): where imported files may
         be read from. Resolved here, not per completion (each resolves every folder's real path)."""
         self.context.set_roots([*(f.uri for f in self.workspace.folders.values()), self.workspace.root_uri])
-
-    @property
-    def context_leaves_machine(self) -> bool:
-        """Whether snippets sent to the engine may leave this machine: a service over TCP, or one whose
-        backend is SGLang (its server may be anywhere)."""
-        c = self.completer
-        return isinstance(c, RemoteCompleter) and (c.address.startswith("tcp") or not c.revises)
-
-    async def context_for(self, doc: Document, offset: int, fresh: bool = False) -> tuple[Snippet, ...]:
-        """The snippets of other files for a completion at `offset` of `doc`: none with `contextFiles`
-        off, or for an engine they would leave the machine for without `contextRemote`; the set of the
-        line while the user types on it (`fresh`: chosen again now). What the disk holds is found by
-        the context's worker, waited for a bounded time (ContextFiles.gather). A set that differs from
-        the document's last one is said in the log."""
-        s = self.settings
-        if not s.context_files or not s.context_files_share:
-            return ()
-        if self.context_leaves_machine and not s.context_remote:
-            if not getattr(self, "_said_remote", False):
-                self._said_remote = True
-                self.log("context: no snippets of other files go to an engine over TCP or SGLang "
-                         "unless contextRemote is true")  # fmt: skip
-            return ()
-        self.context.outside_workspace = s.context_outside_workspace
-        before = self.context.current(doc.uri)
-        budget = s.context_tokens * s.context_files_share // 100
-        chosen = None if fresh else self.context.reusable(doc, offset, budget)
-        if chosen is None:
-            text, documents = doc.text, self.documents.all()
-            found = await self.context.gather(doc, documents)
-            if doc.text != text:  # typed in while the disk was read: the choice is made on the text as it is now
-                documents = self.documents.all()
-            chosen = self.context.choose_now(doc, offset if doc.text == text else min(offset, len(doc.text)),
-                                             documents, self.documents.history, budget, found)  # fmt: skip
-        if chosen != before:
-            line = doc.text.count("\n", 0, offset) + 1
-            paths = ", ".join(f"{x.path}:{x.line + 1}-{x.line + len(x.text.splitlines())}" for x in chosen) or "none"
-            self.log(f"context for {doc.uri} at line {line}{' (idle)' if fresh else ''}: {paths}")
-        return chosen
-
-    def warm_later(self, at: tuple[str, int, int] | None = None) -> None:
-        """After PAUSE_SECONDS without a completion, the snippets for the last completion's place are
-        chosen again (other documents opened, closed or sent since); a set that changed is prefilled
-        at once, in idle time (a `warm` job: the engine's prefix cache keeps the prompt's blocks), so
-        the next keystroke there finds them cached. `at`: (uri, version, offset) of a completion."""
-        if at is not None:
-            self._active = at
-        if self._active is None or not self.settings.context_files or self.completer is None:
-            return
-        if self._idle is not None:
-            self._idle.cancel()
-        self._idle = asyncio.ensure_future(self._warm(self._active))
-
-    async def _warm(self, at: tuple[str, int, int]) -> None:
-        await asyncio.sleep(PAUSE_SECONDS)
-        uri, version, offset = at
-        doc = self.documents.get(uri)
-        if doc is None or doc.version != version or self._active != at or self.completer is None:
-            return  # closed, typed in (a request follows), or a newer completion elsewhere
-        before = self.context.current(uri)
-        chosen = await self.context_for(doc, offset, fresh=True)
-        if chosen == before or not chosen:
-            return
-        s = self.settings
-        job = Infill.at(doc.text, offset, s.inline_mode, s.max_completion_tokens, s.context_tokens)
-        job = dataclasses.replace(job, context=chosen, context_share=s.context_files_share, warm=True)
-        try:
-            await self.completer.run(warm_key(uri), f"warm {uri}", job, None)
-        except CompletionFailed:
-            pass  # a prefill that did not happen costs the next keystroke its blocks, nothing else
 
     # --- model jobs -----------------------------------------------------------------------------
     async def run_job(self, key: str, label: str, job: Job, on_draft: DraftCallback | None = None) -> Outcome:

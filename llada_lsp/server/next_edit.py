@@ -71,7 +71,7 @@ async def suggest(ls: LladaServer, uri: str, version: int, position: types.Posit
     # The completions' set where they chose one (their prompts' first blocks, cached), else one chosen here.
     on = ls.settings.context_files and ls.settings.context_files_share
     context = ls.context.current(uri) if on else ()
-    context = await ls.context_for(doc, offset) if context is None else context
+    context = await ls.cross_file.snippets_for(doc, offset) if context is None else context
     if context:
         job = dataclasses.replace(job, context=context, context_share=ls.settings.context_files_share)
     outcome = await ls.run_job(next_edit_key(uri), f"next-edit {ls.protocol.msg_id}", job)

@@ -3,7 +3,7 @@ folder, not a secret, not ignored by git), the imports of a Python file resolved
 number of names and of probes), and a file's text read without following a link or blocking on a
 special file, checked on the open descriptor (docs/context.md, "Boundaries").
 
-Runs in the context's worker thread (server/context.py), never in the event loop: everything here may
+Runs in the context's worker thread (server/context_files.py), never in the event loop: everything here may
 touch the disk. Its caches are the worker's alone. Knows paths and texts; nothing of the LSP or prompts.
 """
 

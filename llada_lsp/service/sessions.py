@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from .. import wire
 from ..backends.base import Backend
 from ..backends.sglang_config import BackendFailure
-from ..completion import context, next_edit
+from ..completion import next_edit, snippets
 from ..completion.generation import ModelSpec
 from ..completion.jobs import Infill, done_of, from_wire
 from ..completion.pipeline import InstructionUnsupported, make_plan
@@ -371,7 +371,7 @@ class EngineService:
             return f"unknown mode {request.mode!r}; this engine has {', '.join(self.modes)}"
         if request.context_tokens < 1 or (isinstance(request, wire.Infill) and request.max_tokens < 1):
             return "max_tokens and context_tokens must be positive"
-        if problem := context.wire_problem(request.context):
+        if problem := snippets.wire_problem(request.context):
             return problem
         return None
 

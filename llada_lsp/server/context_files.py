@@ -20,8 +20,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..completion.context import MAX_SNIPPET_CHARS, Snippet, choose_at, line_span, python_imports, windows
 from ..completion.history import History
+from ..completion.python_names import python_imports
+from ..completion.ranking import choose_at, windows
+from ..completion.snippets import MAX_SNIPPET_CHARS, Snippet, line_span
 from ..completion.syntax import is_python
 from .documents import Document
 from .uris import path_of
