@@ -27,6 +27,19 @@ def test_complete_prints_the_completion_of_the_line():
     assert "[draft step 1]" in done.stderr and "final]" in done.stderr
 
 
+def test_one_answer_loads_no_cpu_kernels(tmp_path: Path):
+    """For one answer the CPU kernels cost more than they save (numba's import and cache load, ~0.7 s
+    of CPU; a first start compiled them, 45 s here): the server `complete` starts runs the torch path
+    and leaves numba's cache alone (the first start of a machine is as quick as any)."""
+    cache = tmp_path / "numba"
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+    env.pop("LLADA_LSP_KERNELS", None)
+    command = [sys.executable, "-m", "llada_lsp", "complete", "examples/hello.py:12:15", "--engine", "local"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr
+    assert not cache.exists() or not any(cache.rglob("*")), sorted(cache.rglob("*"))
+
+
 def test_an_indented_empty_line_completes_at_the_indentation_typed(tmp_path: Path):
     """The embedded model proposes ` pass` here (a space too many after the 4 typed): accepting that
     would indent by 5. The completion starts at the indentation already typed."""

@@ -1,7 +1,9 @@
 """`llada-lsp complete` and `llada-lsp rewrite`: start the real server over stdio, speak LSP to it as an
 editor would, print the result. For scripts, and for trying the server without an editor.
 
-Knows the protocol (docs/protocol.md) and the command line; nothing of the model or the engine.
+Knows the protocol (docs/protocol.md) and the command line; nothing of the model or the engine. The
+server it starts computes one answer: it runs the model's torch path, its CPU kernels not loaded
+(LLADA_LSP_KERNELS=0 unless set), which would cost more than they save on one answer.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import asyncio
 import difflib
 import json
+import os
 import re
 import stat
 import sys
@@ -28,7 +31,7 @@ EXIT_CODES = """exit codes: 0 done (complete: the completion is printed; rewrite
 server starts; 130 interrupted (Ctrl-C)."""
 
 SLOW_LOAD = 3.0  # seconds of loading before the command says it is waiting for the model (at a terminal)
-LOADING = "waiting for the model to load (its first start on a machine also compiles the CPU kernels: up to a minute)"
+LOADING = "waiting for the model to load"
 # The dtypes the loader takes (model/loader.DTYPES, which imports torch): checked before a server starts.
 DTYPES = ("float32", "fp32", "float64", "fp64", "bfloat16", "bf16", "float16", "fp16")
 DEVICE = re.compile(r"cpu|cuda(:\d+)?")
@@ -55,7 +58,12 @@ class HeadlessEditor:
                 server += [f"--{flag.replace('_', '-')}", str(getattr(self.args, flag))]
         # The server's log goes to stderr as it comes when asked for (--log-level); otherwise it is
         # kept, and shown only if the server ends without an answer: a failure is said in one line.
-        self.client = client = await LspClient.start(server, stderr="forward" if self.args.log_level else "keep")
+        # One answer: loading the CPU kernels (numba's import and its cache, ~0.7 s of CPU; on a machine's
+        # first start a compile, 15-60 s) costs more than they save on it (~0.3 s of a 70-step answer), so
+        # the server runs the model's torch path, unless LLADA_LSP_KERNELS is set (benchmarks/bench_first_minute.py).
+        env = {**os.environ, "LLADA_LSP_KERNELS": os.environ.get("LLADA_LSP_KERNELS", "0")}
+        stderr = "forward" if self.args.log_level else "keep"
+        self.client = client = await LspClient.start(server, stderr=stderr, env=env)
         client.on("window/showMessage", lambda params: self.messages.append(params["message"]))
         client.on("llada/draft", self._on_draft)
         client.on("llada/status", self._on_status)
