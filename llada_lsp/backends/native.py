@@ -8,7 +8,6 @@ and of the engine's drafts and results back. Knows nothing of plans' text, socke
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
@@ -90,34 +89,6 @@ def _result(result) -> Result:
     return Result(result.tokens, result.steps, result.seconds, result.cancelled)
 
 
-def prefetched(loader: Callable[..., LoadedModel]) -> Callable[..., LoadedModel]:
-    """`loader` (`load`) once the imports it needs are made: torch, transformers, the engine, the loader
-    and its CPU kernels, about two seconds, most of a small model's load. They start now, on a thread: a
-    server calls this as it starts, so that they overlap its own imports and its wait for the client's
-    `initialize`. The load waits for them to end before it imports anything (two threads importing
-    transformers at once: one got the package half made, without AutoConfig). A failed import is left
-    for the load to meet and say."""
-
-    def imports() -> None:
-        try:
-            import torch  # noqa: F401
-            from transformers import AutoTokenizer  # noqa: F401
-
-            from ..engine import Engine  # noqa: F401
-            from ..model.loader import load_model  # noqa: F401
-        except Exception:  # noqa: BLE001 - a broken install: the load reports it in the client's terms
-            pass
-
-    thread = threading.Thread(target=imports, name="llada-imports", daemon=True)
-    thread.start()
-
-    def load_when_imported(*args, **kwargs) -> LoadedModel:
-        thread.join()
-        return loader(*args, **kwargs)
-
-    return load_when_imported
-
-
 def load(spec: ModelSpec, report: Report, cancelled: Callable[[], bool] | None = None) -> LoadedModel:
     """Raises CheckpointError with a one-line message when the model cannot be used; LoadAbandoned (a
     CheckpointError) at the next tensor once `cancelled()` is true."""
@@ -141,10 +112,11 @@ def load(spec: ModelSpec, report: Report, cancelled: Callable[[], bool] | None =
                         max_queue=spec.max_queue, cuda_graph=spec.cuda_graph, prefill_chunk=spec.prefill_chunk)  # fmt: skip
     except ValueError as err:  # settings the model's placement cannot take (CUDA graphs off CUDA)
         raise CheckpointError(f"{spec.name}: {err}") from None
-    # First-call costs (allocations, kernel selection) are paid here, not on the first keystroke. On the
-    # CPU the load has warmed its kernels already (the model's layout, the scheduler's step): there a
-    # warm-up generation cost a quarter of a CPU second and left the first answer's time as it was, a
-    # quarter second more for every `llada-lsp complete` (benchmarks/bench_first_minute.py).
+    # First-call costs (allocations, kernel selection) are paid here, not on the first keystroke. Not on
+    # the CPU, where the load has warmed its kernels already (the model's layout, the scheduler's step):
+    # there a warm-up generation cost 0.22-0.36 s of CPU and the first answer took as long after it as
+    # without it, with the CPU kernels and without; it was a third of a second more for every
+    # `llada-lsp complete`.
     if model.device.type != "cpu":
         engine.generation(codec.encode("def f():\n"), 1, "speed", mask_id=codec.special.mask).run()
     # ... and are not served work: `engine status` counts batches and cache hits from here.

@@ -2,9 +2,7 @@
 start) or TCP, and the process's exit code.
 
 Command line and process only: the server is server/language_server.py and server/handlers.py. This
-is also where the server's model in this process is chosen: the native backend's loader. The server's
-own modules (pygls, lsprotocol: half a second) are imported once the model's have started importing on
-a thread of their own (`native.prefetched`), so that the two overlap.
+is also where the server's model in this process is chosen: the native backend's loader.
 """
 
 from __future__ import annotations
@@ -12,14 +10,16 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import TYPE_CHECKING
 
-from ..address import default_socket_path, parse_address, read_token
+from ..address import parse_address, read_token
+from ..backends import native
 from ..completion.generation import add_model_arguments
+from ..server import tcp
+from ..server.completers import LocalCompleter
+from ..server.handlers import create_server
+from ..server.language_server import Launch, LladaServer
+from ..server.protocol import exit_now
 from ..server.settings import MODES, Settings
-
-if TYPE_CHECKING:
-    from ..server.language_server import LladaServer
 
 
 def parser() -> argparse.ArgumentParser:
@@ -57,17 +57,6 @@ def parser() -> argparse.ArgumentParser:
 
 def serve_main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from ..backends import native
-
-    loader = native.load
-    if args.engine == "local" or (args.engine == "auto" and not default_socket_path().exists()):
-        # The model will load in this process once a client initializes (unless its options name a
-        # service): what it imports (about 2 s) is imported meanwhile.
-        loader = native.prefetched(loader)
-    from ..server import tcp
-    from ..server.handlers import create_server
-    from ..server.language_server import Launch
-
     log_format = "llada-lsp %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format=log_format)
     defaults = Settings(model=args.model, inline_mode=args.inline_mode, rewrite_mode=args.rewrite_mode,
@@ -80,7 +69,7 @@ def serve_main(argv: list[str] | None = None) -> int:
             token = read_token(args.token_file)
     except (ValueError, OSError) as err:
         parser().error(str(err))
-    launch = Launch(defaults, args.device, args.dtype, max(1, args.threads), args.engine, token, loader,
+    launch = Launch(defaults, args.device, args.dtype, max(1, args.threads), args.engine, token, native.load,
                     args.edit_ids)  # fmt: skip
     if args.tcp and args.stdio:
         parser().error("--stdio and --tcp: choose one transport")
@@ -104,9 +93,6 @@ def _end(ls: LladaServer) -> int:
     told to stop, not waited for (a load stops only at its next tensor, a step may be stuck); while it
     still runs the process ends at once: an interpreter tearing down under a thread inside torch wrote
     `I/O operation on closed file` tracebacks by the thousand."""
-    from ..server.completers import LocalCompleter
-    from ..server.protocol import exit_now
-
     code = 0 if ls.shutdown_requested else 1
     if isinstance(ls.completer, LocalCompleter) and not ls.completer.worker.stop(timeout=0):
         exit_now(code)
