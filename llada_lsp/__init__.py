@@ -8,15 +8,9 @@ post-processing) imports no torch and no transformers; a name is imported on fir
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
 from ._lazy import lazy_names
-
-try:
-    __version__ = version("llada-lsp")
-except PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0+unknown"
 
 _LAZY = {
     "Engine": ".engine", "GenerationResult": ".engine", "JointThreshold": ".engine", "PRESETS": ".engine",
@@ -30,4 +24,19 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from .model import load_model, load_tokenizer
 
 
-__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
+_lazy_name, __dir__ = lazy_names(__name__, _LAZY, globals())
+
+
+def __getattr__(name: str):
+    """The lazy names, and `__version__`, read from the installed metadata on first use (importlib.metadata
+    costs the headless client a twentieth of a second it does not need)."""
+    if name != "__version__":
+        return _lazy_name(name)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        value = version("llada-lsp")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        value = "0+unknown"
+    globals()["__version__"] = value
+    return value

@@ -41,3 +41,17 @@ def test_bench_fp8_publishes_its_bar(tmp_path, restore_threads):
         "one random MoE layer at LLaDA2.1-mini shapes (vocab 512)",
     ]
     assert all(row[-1] in ("met", "missed") for row in table)
+
+
+@pytest.mark.slow
+def test_bench_first_minute_publishes_calls_timeline_and_load_phases(tmp_path):
+    """One warm round: the whole `complete` call (wall and CPU), when its parts happen, and the load's phases."""
+    benchmark("bench_first_minute").main(["--runs", "1", "--first-runs", "0", "--markdown", str(tmp_path / "f.md")])
+    published = (tmp_path / "f.md").read_text()
+    table = {row[0]: row[1:] for row in rows(published)}
+    wall, cpu = float(table["warm caches"][0]), float(table["warm caches"][2])
+    assert cpu > 0 and wall > 0
+    marks = [float(table[mark][0]) for mark in ("server initialized", "model ready", "completion computed", "exited")]
+    assert marks == sorted(marks) and marks[0] > 0, marks
+    assert float(table["import torch"][1]) > 0 and "weights (and CPU kernels)" in table
+    assert "CPU kernels off" in published and "Command: `" in published

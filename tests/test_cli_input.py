@@ -11,8 +11,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -161,12 +164,14 @@ def test_ctrl_c_in_a_terminal_stops_the_server():
     p = subprocess.Popen([sys.executable, "-m", "llada_lsp"], stdin=terminal, stdout=terminal,
                          stderr=subprocess.PIPE, start_new_session=True, preexec_fn=as_in_a_terminal)  # fmt: skip
     try:
-        time.sleep(3)  # started and reading
+        # Started and reading once it says so: waited for, not slept for (3 s were too few on a busy machine).
+        said = p.stderr.readline().decode()
+        waiting = "llada-lsp: waiting for an LSP client on stdin; see --help\n"
+        assert said == waiting, "started by hand: says why it waits"
         os.kill(p.pid, signal.SIGINT)
         assert p.wait(timeout=20) != 0
         err = p.stderr.read().decode()
         assert "interrupted" in err and "Traceback" not in err
-        assert "llada-lsp: waiting for an LSP client on stdin; see --help" in err, "started by hand: says why it waits"
     finally:
         p.kill()
         os.close(controller)
@@ -202,6 +207,7 @@ def test_a_slow_load_is_said_once_while_it_waits(monkeypatch, capsys):
     from llada_lsp.commands import complete
 
     monkeypatch.setattr(complete, "SLOW_LOAD", 0.05)
+    monkeypatch.setattr(complete, "at_terminal", lambda: True)
 
     async def wait(delay: float) -> None:
         loop = asyncio.get_running_loop()
@@ -215,3 +221,41 @@ def test_a_slow_load_is_said_once_while_it_waits(monkeypatch, capsys):
     assert capsys.readouterr().err.count(complete.LOADING) == 1
     asyncio.run(wait(0.0))
     assert complete.LOADING not in capsys.readouterr().err
+    monkeypatch.setattr(complete, "at_terminal", lambda: False)  # a script's stderr: the same however slow
+    asyncio.run(wait(0.3))
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "options, said",
+    [
+        (["--model", "/nonexistent/model"], "--model: /nonexistent/model: no such model folder"),
+        (["--model", "/"], "--model: /: no config.json (not a model folder)"),
+        (["--threads", "0"], "--threads must be at least 1, not 0"),
+        (["--dtype", "f32"], "--dtype f32: choose one of float32, fp32, float64, fp64, bfloat16, bf16, float16, fp16"),
+        (["--device", "gpu"], "--device gpu: expected cpu, cuda or cuda:N"),
+        (["--engine", "nowhere"], "--engine nowhere: 'nowhere': want unix:PATH or tcp://HOST:PORT"),
+        (["--token-file", "/nonexistent/token"], "--token-file /nonexistent/token: No such file or directory"),
+    ],
+)
+def test_bad_options_are_refused_before_a_server_starts(monkeypatch, capsys, options, said):
+    """`complete --model /nope` started a server, waited for its load to fail, and exited 1; the help
+    says bad options exit 2 before a server starts."""
+    from llada_lsp.commands import complete
+
+    async def no_server(*args, **kwargs):
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(complete.LspClient, "start", no_server)
+    file = ROOT / "examples" / "hello.py"
+    assert complete.complete_main([f"{file}:1:1", *options]) == 2
+    assert capsys.readouterr().err == f"llada-lsp complete: {said}\n"
+    assert complete.rewrite_main([f"{file}:1:1-2:1", *options]) == 2
+    assert capsys.readouterr().err == f"llada-lsp rewrite: {said}\n"
+
+
+def test_the_dtypes_checked_are_the_loaders():
+    from llada_lsp.commands import complete
+    from llada_lsp.model.loader import DTYPES
+
+    assert set(complete.DTYPES) == set(DTYPES)

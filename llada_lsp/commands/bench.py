@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from .. import kernels
 from ..engine import PRESETS, Engine, GenerationResult
@@ -56,8 +57,15 @@ def random_model(seed: int = 0) -> LLaDA2:
     return model.eval().requires_grad_(False)
 
 
-def run(engine: Engine, prompt: list[int], gen_length: int, mode: str) -> GenerationResult:
-    return engine.generation(prompt, gen_length, mode, eos_early_stop=False).run()
+def run(
+    engine: Engine, prompt: list[int], gen_length: int, mode: str, progress: tqdm | None = None
+) -> GenerationResult:
+    """One generation; each of its steps counted on `progress` (a bar on stderr, or None)."""
+    generation = engine.generation(prompt, gen_length, mode, eos_early_stop=False)
+    for _ in generation:
+        if progress is not None:
+            progress.update()
+    return generation.result
 
 
 def engines(model: LLaDA2) -> tuple[Engine, Engine]:
@@ -67,14 +75,20 @@ def engines(model: LLaDA2) -> tuple[Engine, Engine]:
 
 
 def compare(
-    cached: Engine, baseline: Engine, prompt: list[int], gen_length: int, mode: str
+    cached: Engine, baseline: Engine, prompt: list[int], gen_length: int, mode: str, progress: tqdm | None = None
 ) -> tuple[GenerationResult, GenerationResult, float]:
     """Both engines on one prompt, the cached one after a warm-up on the prompt's first 64 tokens ->
-    (cached result, recompute result, recompute seconds)."""
-    run(cached, prompt[:64], 32, mode)  # warm-up
-    a = run(cached, prompt, gen_length, mode)
+    (cached result, recompute result, recompute seconds). `progress`: a bar that counts their steps."""
+
+    def phase(name: str) -> tqdm | None:
+        if progress is not None:
+            progress.set_description(f"prompt {len(prompt)}, {name}")
+        return progress
+
+    run(cached, prompt[:64], 32, mode, phase("warm-up"))
+    a = run(cached, prompt, gen_length, mode, phase("cached"))
     t = time.perf_counter()
-    b = run(baseline, prompt, gen_length, mode)
+    b = run(baseline, prompt, gen_length, mode, phase("recompute"))
     return a, b, time.perf_counter() - t
 
 
@@ -110,14 +124,19 @@ def bench_main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     table = Table(["prompt", "steps", "tokens/forward", "cached tokens/s", "recompute tokens/s", "speedup",
                    "same tokens"])  # fmt: skip
-    print(table.markdown())  # the header; each row as it is measured (the longest prompts take a while)
+    print(table.markdown(), flush=True)  # the header; each row as it is measured (the longest prompts take a while)
+    # Meanwhile the steps count on stderr, at a terminal only (tqdm's disable=None): a recompute run of the
+    # longest prompts sat silent for tens of seconds.
+    progress = tqdm(desc="steps", unit=" steps", leave=False, disable=None, file=sys.stderr)
     for length in (int(x) for x in args.prompt_lengths.split(",")):
         prompt = torch.randint(0, model.config.vocab_size - 8, (length,), generator=gen).tolist()
-        a, b, t = compare(cached, baseline, prompt, args.gen_length, args.mode)
+        a, b, t = compare(cached, baseline, prompt, args.gen_length, args.mode, progress)
         n = len(a.tokens)
         table.add(length, f"{a.steps} (+{a.prefill_forwards} prefill)", f"{a.tokens_per_forward:.2f}",
                   f"{n / a.seconds:.1f}", f"{n / t:.1f}", f"{t / a.seconds:.1f}x", a.tokens == b.tokens)  # fmt: skip
-        print(table.markdown().splitlines()[-1], flush=True)
+        progress.write(table.markdown().splitlines()[-1], file=sys.stdout)  # the bar cleared, the row, the bar again
+        sys.stdout.flush()
+    progress.close()
     if args.markdown:
         report = Report("Speed: the cached engine against recompute-everything")
         report.table(table, caption + " Both engines run side by side in one run; each timed run pays its own "

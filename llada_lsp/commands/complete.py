@@ -1,7 +1,9 @@
 """`llada-lsp complete` and `llada-lsp rewrite`: start the real server over stdio, speak LSP to it as an
 editor would, print the result. For scripts, and for trying the server without an editor.
 
-Knows the protocol (docs/protocol.md) and the command line; nothing of the model or the engine.
+Knows the protocol (docs/protocol.md) and the command line; nothing of the model or the engine. The
+server it starts computes one answer: it runs the model's torch path, its CPU kernels not loaded
+(LLADA_LSP_KERNELS=0 unless set), which would cost more than they save on one answer.
 """
 
 from __future__ import annotations
@@ -10,23 +12,29 @@ import argparse
 import asyncio
 import difflib
 import json
+import os
 import re
 import stat
 import sys
 from pathlib import Path
 from typing import Any
 
+from ..address import parse_address, read_token
+from ..errors import CheckpointError
 from ..lsp_client import LspClient, LspError, edited, position
 from ..server.documents import Document
 from ..server.transport import MAX_CONTENT_LENGTH
 
 EXIT_CODES = """exit codes: 0 done (complete: the completion is printed; rewrite: the new text or the diff);
-1 nothing to show or the server could not serve it ("no completion", a rewrite not applied, no model,
-no engine), said on stderr; 2 bad input (the file, the position, the options), refused before a
+1 nothing to show or the server could not serve it ("no completion", a rewrite not applied, or with
+--diff or --write one that changes nothing, a model that does not load, no engine), said on stderr; 2 bad input (the file, the position, the options), refused before a
 server starts; 130 interrupted (Ctrl-C)."""
 
-SLOW_LOAD = 3.0  # seconds of loading before the command says it is waiting for the model
-LOADING = "waiting for the model to load (its first start on a machine also compiles the CPU kernels, about 10 s)"
+SLOW_LOAD = 3.0  # seconds of loading before the command says it is waiting for the model (at a terminal)
+LOADING = "waiting for the model to load"
+# The dtypes the loader takes (model/loader.DTYPES, which imports torch): checked before a server starts.
+DTYPES = ("float32", "fp32", "float64", "fp64", "bfloat16", "bf16", "float16", "fp16")
+DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 SPOT = re.compile(r"^(?P<file>.+):(?P<line>\d+):(?P<col>\d+)$")
 SPAN = re.compile(r"^(?P<file>.+):(?P<l1>\d+):(?P<c1>\d+)-(?P<l2>\d+):(?P<c2>\d+)$")
@@ -50,7 +58,12 @@ class HeadlessEditor:
                 server += [f"--{flag.replace('_', '-')}", str(getattr(self.args, flag))]
         # The server's log goes to stderr as it comes when asked for (--log-level); otherwise it is
         # kept, and shown only if the server ends without an answer: a failure is said in one line.
-        self.client = client = await LspClient.start(server, stderr="forward" if self.args.log_level else "keep")
+        # One answer: loading the CPU kernels (numba's import and its cache, ~0.7 s of CPU; on a machine's
+        # first start a compile, 15-60 s) costs more than they save on it (~0.3 s of a 70-step answer), so
+        # the server runs the model's torch path, unless LLADA_LSP_KERNELS is set (benchmarks/bench_first_minute.py).
+        env = {**os.environ, "LLADA_LSP_KERNELS": os.environ.get("LLADA_LSP_KERNELS", "0")}
+        stderr = "forward" if self.args.log_level else "keep"
+        self.client = client = await LspClient.start(server, stderr=stderr, env=env)
         client.on("window/showMessage", lambda params: self.messages.append(params["message"]))
         client.on("llada/draft", self._on_draft)
         client.on("llada/status", self._on_status)
@@ -75,8 +88,9 @@ class HeadlessEditor:
 
     async def loaded(self) -> None:
         """Waits while the model loads (completions answer nothing meanwhile); SessionFailed if it
-        cannot load or the engine is unreachable."""
-        exited, said = self.client.exited, False
+        cannot load or the engine is unreachable. A slow load is said once, to a person: at a terminal
+        (`at_terminal`); a script's stderr stays the same however fast the machine loads."""
+        exited, said = self.client.exited, not at_terminal()
         while self.state.get("state") in (None, "loading"):
             self._state_changed.clear()
             changed = asyncio.ensure_future(self._state_changed.wait())
@@ -110,6 +124,11 @@ class HeadlessEditor:
         return {"applied": True}
 
 
+def at_terminal() -> bool:
+    """Whether stderr is a terminal: notices and progress are for a person waiting there."""
+    return sys.stderr.isatty()
+
+
 class SessionFailed(Exception):
     """The server cannot serve (no model, no engine): one line for the user, exit code 1."""
 
@@ -134,6 +153,39 @@ def _common(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 class InputError(ValueError):
     """Bad input on the command line: one line for the user, exit code 2."""
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """InputError for an option the server would refuse or fail on: said here, before one starts (a
+    missing model was said after a server had started and waited for it)."""
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads must be at least 1, not {args.threads}")
+    if args.dtype is not None and args.dtype not in DTYPES:
+        raise InputError(f"--dtype {args.dtype}: choose one of {', '.join(DTYPES)}")
+    if args.device is not None and not DEVICE.fullmatch(args.device):
+        raise InputError(f"--device {args.device}: expected cpu, cuda or cuda:N")
+    if args.engine not in (None, "auto", "local"):
+        try:
+            parse_address(args.engine)
+        except ValueError as err:
+            raise InputError(f"--engine {args.engine}: {err}") from None
+    if args.token_file:
+        try:
+            read_token(args.token_file)
+        except OSError as err:
+            raise InputError(f"--token-file {args.token_file}: {err.strerror or err}") from None
+        except ValueError as err:
+            raise InputError(f"--token-file: {err}") from None
+    if args.model is not None:
+        from ..model.files import resolve_path, weight_files  # no torch: the folder and its files only
+
+        try:
+            folder = resolve_path(args.model)
+            if not (folder / "config.json").is_file():
+                raise InputError(f"--model: {folder}: no config.json (not a model folder)")
+            weight_files(folder)
+        except CheckpointError as err:
+            raise InputError(f"--model: {err}") from None
 
 
 def _open(value: str, pattern: re.Pattern, form: str) -> tuple[Document, Path, re.Match]:
@@ -225,6 +277,7 @@ def complete_main(argv: list[str] | None = None) -> int:
         doc, path, m = _open(args.spot, SPOT, "FILE:LINE:COL")
         spot = (int(m["line"]), int(m["col"]))
         _check(doc, path, *spot)
+        _check_options(args)
     except InputError as err:
         return _usage_error("complete", err)
     options = _options(args, inlineMode=args.mode, maxCompletionTokens=args.max_tokens)
@@ -277,6 +330,7 @@ def rewrite_main(argv: list[str] | None = None) -> int:
             )
         if span[2:] == span[:2]:
             raise InputError(f"{args.span}: the range is empty (the end column is exclusive): nothing to rewrite")
+        _check_options(args)
     except InputError as err:
         return _usage_error("rewrite", err)
     options = _options(args, rewriteMode=args.mode)
@@ -299,9 +353,10 @@ async def _rewrite(doc: Document, path: Path, span: tuple[int, int, int, int], a
         except LspError as err:
             return _fail("rewrite", err.message)
     if result.get("changed") is False:  # kept as it was: the selection is the answer, nothing to write
+        if args.write or args.diff:  # no diff, nothing written: no answer (it printed nothing with code 0)
+            return _fail("rewrite", f"{result.get('reason')}: no diff to print, {path} is left as it is")
         print(f"llada-lsp rewrite: {result.get('reason')}", file=sys.stderr)
-        if not (args.write or args.diff):  # else the diff is empty: nothing changed
-            print(result["text"])
+        print(result["text"])
         return 0
     if not result.get("applied"):
         if result.get("text"):

@@ -17,13 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lsprotocol.types import ErrorCodes
-from pygls.exceptions import JsonRpcException
-
 logger = logging.getLogger(__name__)
 
 MAX_HEADER_LINE = 8 * 1024  # bytes of one header line, its line end included
 MAX_CONTENT_LENGTH = 64 * 1024 * 1024  # bytes of one message body: refused before a byte of it is read
+# JSON-RPC's codes (lsprotocol's ErrorCodes): numbers here, so that the headless client, which reads
+# frames with this module, imports neither lsprotocol (half a second) nor pygls.
+PARSE_ERROR, INVALID_REQUEST = -32700, -32600
 
 # A Content-Length header at the end of a line (header names are case-insensitive; blanks around the
 # value are tolerated). A raw line end cannot occur inside a JSON string, so a line that ends so is
@@ -112,18 +112,18 @@ async def serve_stream(stream: asyncio.StreamReader, protocol, stop_event: threa
         if frame is None:
             return
         if frame.body is None:
-            refuse(protocol, None, ErrorCodes.ParseError, frame.problem)
+            refuse(protocol, None, PARSE_ERROR, frame.problem)
             continue
         try:
             data = json.loads(frame.body)
         except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
-            refuse(protocol, None, ErrorCodes.ParseError, f"a body that is not JSON ({_one_line(err)})")
+            refuse(protocol, None, PARSE_ERROR, f"a body that is not JSON ({_one_line(err)})")
             continue
         msg_id = data.get("id") if isinstance(data, dict) and _is_id(data.get("id")) else None
         if frame.problem:
-            refuse(protocol, msg_id, ErrorCodes.ParseError, frame.problem)
+            refuse(protocol, msg_id, PARSE_ERROR, frame.problem)
         elif (problem := envelope_problem(data)) is not None:
-            refuse(protocol, msg_id, ErrorCodes.InvalidRequest, problem)
+            refuse(protocol, msg_id, INVALID_REQUEST, problem)
         else:
             _hand_on(protocol, data, msg_id, on_error)
 
@@ -153,13 +153,15 @@ def _hand_on(protocol, data: dict[str, Any], msg_id, on_error) -> None:
     except Exception as err:  # a request that answered nothing would leave its client waiting
         logger.exception("cannot read %s", data.get("method", "a response"))
         if msg_id is not None and "method" in data:
-            refuse(protocol, msg_id, ErrorCodes.InvalidRequest, f"cannot read the message ({type(err).__name__})")
+            refuse(protocol, msg_id, INVALID_REQUEST, f"cannot read the message ({type(err).__name__})")
         return
     try:
         protocol.handle_message(message)
     except Exception as err:
         logger.exception("cannot handle %s", data.get("method", "a response"))
         if on_error is not None:
+            from pygls.exceptions import JsonRpcException
+
             on_error(err, JsonRpcException)
 
 
