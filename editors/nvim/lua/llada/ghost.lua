@@ -44,7 +44,9 @@ end
 ---@param kind "draft"|"answer"
 function M.show(bufnr, row, col, text, kind)
   M.clear(bufnr)
-  if text == '' then
+  -- Only where the line has room: a place past its end is one from an older text.
+  local line = text ~= '' and row < api.nvim_buf_line_count(bufnr) and api.nvim_buf_get_lines(bufnr, row, row + 1, true)[1]
+  if not line or col > #line then
     return
   end
   local lines = vim.split(text, '\n', { plain = true })
@@ -60,7 +62,6 @@ function M.show(bufnr, row, col, text, kind)
   })
   if buffers[bufnr] then
     local tick = api.nvim_buf_get_changedtick(bufnr)
-    local line = api.nvim_buf_get_lines(bufnr, row, row + 1, true)[1]
     buffers[bufnr].item = { text = text, row = row, col = col, tick = tick, line = line, kind = kind }
   end
 end
