@@ -169,12 +169,16 @@ class Fuzzer:
         )
 
     # --- the actions --------------------------------------------------------------------------
-    def run(self, actions: int) -> None:
+    def run(self, actions: int, progress: bool = False) -> None:
         before = self.state()
         for texts in before.texts.items():
             self.history.setdefault(texts[0], set()).add(texts[1])
-        for _ in range(actions):
+        started = time.monotonic()
+        for n in range(1, actions + 1):
             before = self.step(before)
+            if progress and n % 500 == 0:
+                print(f"fuzz: {n} actions, {time.monotonic() - started:.0f} s, ghost text shown at {self.shown}, "
+                      f"accepts {self.accepts}", flush=True)  # fmt: skip
 
     def step(self, before: State) -> State:
         inserting = before.mode.startswith("i")
@@ -237,7 +241,7 @@ class Fuzzer:
     def do_arrow(self, s: State):
         key = self.rng.choice(["<Left>", "<Right>", "<Up>", "<Down>", "<Home>", "<End>", "<C-Left>", "<C-Right>"])
         self.keys(key)
-        return key, ("same",)
+        return key, ("blank", "")  # leaving a line that has only its autoindent takes the indent away
 
     def do_paste(self, s: State):
         text = self.rng.choice(PASTES)
@@ -275,7 +279,7 @@ class Fuzzer:
     def do_insert_switch_file(self, s: State):
         other = self.rng.choice([b for b in s.texts if b != s.buf] or [s.buf])
         self.keys(f"<C-o>:buffer {other}<CR>")
-        return f"<C-o>:buffer {other} ({s.names.get(other)})", ("same",)
+        return f"<C-o>:buffer {other} ({s.names.get(other)})", ("blank", "")
 
     def do_mode(self, s: State):
         mode = self.rng.choice(["speed", "quality"])
@@ -428,14 +432,14 @@ def start_editor(path: str, workdir: Path, step_delay_ms: int = 15) -> Editor:
     return editor
 
 
-def fuzz(path: str, seed: int, actions: int, step_delay_ms: int = 15) -> dict:
+def fuzz(path: str, seed: int, actions: int, step_delay_ms: int = 15, progress: bool = False) -> dict:
     """One run; returns its figures. Raises FuzzFailure (naming the seed) at the first broken check."""
     with tempfile.TemporaryDirectory(prefix="llada-fuzz-") as folder:
         editor = start_editor(path, Path(folder), step_delay_ms)
         try:
             started = time.monotonic()
             fuzzer = Fuzzer(editor, seed, path)
-            fuzzer.run(actions)
+            fuzzer.run(actions, progress)
             return {"path": path, "seed": seed, "actions": actions, "seconds": round(time.monotonic() - started, 1),
                     "actions with ghost text shown": fuzzer.shown, "accepts of ghost text": fuzzer.accepts}  # fmt: skip
         finally:
@@ -471,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         print(f"fuzz: path {path}, seed {seed}, {args.actions} actions", flush=True)
         try:
-            figures = fuzz(path, seed, args.actions, args.step_delay_ms)
+            figures = fuzz(path, seed, args.actions, args.step_delay_ms, progress=True)
         except FuzzFailure as failure:
             print(f"FAILED: {failure}\nreplay: python tests/e2e/fuzz_nvim.py --path {path} --seed {seed} "
                   f"--actions {args.actions}", flush=True)  # fmt: skip
