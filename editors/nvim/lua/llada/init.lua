@@ -168,27 +168,29 @@ local function on_show_message(_, params)
   vim.notify(msg, levels[params.type] or vim.log.levels.INFO)
 end
 
---- The built-in completer's item, as it shows it at the cursor: typed through since its answer, it
---- shows the rest, which is what is inserted (its own accept would insert the whole answer where it was
---- made, repeating what was typed). With {take} (a partial accept) only that start of it is inserted,
---- and the rest becomes the plugin's ghost text: the built-in completer cannot show an item typed
---- through across a line break, and drops it when it is taken anyway.
+--- The built-in completer's item, as it shows it: typed through since its answer, it shows the rest,
+--- and where the line after its place starts like the item, it shows the item past those characters;
+--- what it shows is inserted where it shows it (its own accept would insert the whole answer where it
+--- was made, repeating what was typed or skipped). With {take} (a partial accept) only that start of it
+--- is inserted, and the rest becomes the plugin's ghost text: the built-in completer cannot show an
+--- item typed through across a line break, and drops it when it is taken anyway. Nothing shown, nothing
+--- accepted: an item the completer holds but does not draw (a draft drew over it) is not inserted.
 ---@param bufnr integer
 ---@param take? fun(text: string): integer
 ---@return boolean
 local function accept_builtin(bufnr, take)
   builtin.check(bufnr) -- an item the text no longer fits (a Delete since) is dropped, not inserted
   local win = ghost.insert_window(bufnr)
-  local shown = win and through.builtin_at_cursor(bufnr, win)
+  local shown = win and through.builtin_shown(bufnr, win)
   if not shown then
-    return not take and vim.lsp.inline_completion.get({ bufnr = bufnr })
+    return false
   end
-  local cursor, tick = api.nvim_win_get_cursor(win), api.nvim_buf_get_changedtick(bufnr)
+  local tick = api.nvim_buf_get_changedtick(bufnr)
   return vim.lsp.inline_completion.get({
     bufnr = bufnr,
     on_accept = function()
       if api.nvim_buf_is_valid(bufnr) and api.nvim_buf_get_changedtick(bufnr) == tick then
-        ghost.accept_text(bufnr, win, cursor, shown, take)
+        ghost.accept_text(bufnr, win, { shown.row + 1, shown.col }, shown.text, take)
       end
     end,
   })
