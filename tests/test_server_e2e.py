@@ -585,25 +585,48 @@ async def test_a_cursor_inside_a_word_does_not_duplicate_it(editor: Editor):
     assert inline.items
 
 
-async def test_completions_while_the_model_loads_answer_at_once():
+async def test_completions_while_the_model_loads_answer_at_once_and_inline_ones_wait():
     """lsp-mode waits 10 s, synchronously, for a completion; a load takes longer on a busy machine.
     While it loads (5 s more here, the test hook), completions answer with nothing at once, before the
-    load ends; the first after it gets a real answer."""
+    load ends; the first after it gets a real answer. An inline request waits for the load instead (an
+    editor asks for ghost text once per keystroke: the place the user waits at gets its suggestion),
+    and of two waiting for one document only the newer is answered with one (issue 53)."""
     editor = await start(wait=False, env={"LLADA_LSP_TEST_LOAD_DELAY_MS": "5000"})
     try:
         uri = editor.open("def average(values):\n    return sum\n")
         at = t.Position(1, 14)
         params = t.CompletionParams(text_document=t.TextDocumentIdentifier(uri), position=at)
+        older = asyncio.ensure_future(editor.inline(uri, t.Position(1, 10)))
+        waiting = asyncio.ensure_future(editor.inline(uri, at))
         answer = await editor.request(t.TEXT_DOCUMENT_COMPLETION, params)
         assert answer.is_incomplete is True and not answer.items, answer
-        assert (await editor.inline(uri, at)).items == ()
         assert not any(s.state == "ready" for s in editor.statuses), "answered before the load ended"
         assert (await editor.command("llada.status"))["state"] == "loading"
+        assert not waiting.done() and not older.done(), "an inline request waits for the load"
         await editor.loaded()
+        assert (await older).items == (), "a newer request for the document waited too: it answers"
+        (inline,) = (await waiting).items
+        assert inline.insert_text and inline.range == t.Range(at, at), inline
         (item,) = (await editor.request(t.TEXT_DOCUMENT_COMPLETION, params)).items
         assert item.text_edit.new_text.startswith("sum(")
         kinds = [r.kind for token, rs in editor.client.progress_reports.items() if "load" in str(token) for r in rs]
         assert kinds[0] == "begin" and kinds[-1] == "end", "the load is reported through $/progress"
+    finally:
+        assert await stop(editor) == 0
+
+
+async def test_an_inline_answer_for_a_changed_document_is_empty():
+    """Issue 53: an answer placed in a text the client no longer has must not reach it. The document
+    changes while its completion is computed (each step lasts a second more: the change lands between
+    two steps): the answer is empty."""
+    editor = await start(options={"maxCompletionTokens": 8}, env={"LLADA_LSP_TEST_STEP_DELAY_MS": "1000"})
+    try:
+        uri = editor.open("def average(values):\n    total = sum(values)\n    return total / \n")
+        pending = asyncio.ensure_future(editor.inline(uri, t.Position(2, 19)))
+        await editor.until(lambda p: getattr(p, "uri", None) == uri and not p.final, editor.drafts)  # computing
+        editor.change(uri, 2, (0, 0), (0, 0), "# note\n")
+        assert (await pending).items == ()
+        assert any("changed while it was computed" in m.message for m in editor.client.log_messages)
     finally:
         assert await stop(editor) == 0
 

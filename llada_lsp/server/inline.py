@@ -10,6 +10,7 @@ Knows pygls, lsprotocol and jobs as plain values; the pipeline is completion/pip
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable
 
@@ -21,14 +22,37 @@ from .documents import Document
 from .language_server import LladaServer
 
 DRAFT = "llada/draft"
+LOAD_POLL_SECONDS = 0.1  # how often a request that waits for the load looks at the state (a dict built)
 
 
 async def inline_completion(ls: LladaServer, params: types.InlineCompletionParams) -> types.InlineCompletionList:
-    found = ls.documents.locate(params.text_document.uri, params.position, ls.encoding)
-    if found is None or _still_loading(ls, "inline"):
+    """Asked while the model loads, the request waits for the load (the client's cancel ends the wait),
+    so the place the user waits at gets its suggestion: ghost text is asked for without a keystroke
+    only once. An answer for a document that changed meanwhile would be placed in a text the client no
+    longer has: it is empty (the client asks again for the new text)."""
+    uri = params.text_document.uri
+    found = ls.documents.locate(uri, params.position, ls.encoding)
+    if found is None:
         return types.InlineCompletionList(items=[])
     doc, offset, at = found
+    version, request_id = doc.version, ls.protocol.msg_id
+    if ls.status()["state"] == "loading":
+        ls.log(f"inline {request_id}: the model is loading; the request waits for it")
+        ls.inline_waiting[uri] = request_id
+        try:
+            while ls.status()["state"] == "loading":
+                await asyncio.sleep(LOAD_POLL_SECONDS)
+        finally:
+            if ls.inline_waiting.get(uri) == request_id:
+                del ls.inline_waiting[uri]
+            else:
+                version = None  # a newer request for this document waited too: it answers
+        if version != doc.version or ls.documents.get(uri) is not doc:
+            return types.InlineCompletionList(items=[])
     text = await complete(ls, doc, offset, at, "inline")
+    if doc.version != version or ls.documents.get(uri) is not doc:
+        ls.log(f"inline {request_id}: {uri} changed while it was computed; answered with nothing")
+        return types.InlineCompletionList(items=[])
     end = _end_of_word(ls, doc, offset, text)
     items = [types.InlineCompletionItem(insert_text=text, range=types.Range(at, end))] if text and end else []
     return types.InlineCompletionList(items=items)
@@ -71,8 +95,9 @@ def _edit(ls: LladaServer, start: types.Position, at: types.Position, end: types
 
 
 def _still_loading(ls: LladaServer, method: str) -> bool:
-    """While the model loads, completions answer at once with nothing (`isIncomplete`: the next
-    keystroke asks again): lsp-mode waits 10 s for an answer, synchronously, and a load takes longer."""
+    """While the model loads, completions (not inline ones) answer at once with nothing (`isIncomplete`:
+    the next keystroke asks again): lsp-mode waits 10 s for an answer, synchronously, and a load takes
+    longer."""
     if ls.status()["state"] != "loading":
         return False
     ls.log(f"{method} {ls.protocol.msg_id}: the model is loading; answered with nothing")

@@ -80,6 +80,7 @@ class LladaServer(LanguageServer):
         self.loading = LoadProgress(self, self.log)
         self._tasks: set[asyncio.Task] = set()
         self._pushed: tuple | None = None  # (engine, model, state) last sent as llada/status
+        self.inline_waiting: dict[str, Any] = {}  # uri -> id of the latest inline request waiting for the load
 
     def start_io(self, stdin=None, stdout=None) -> None:
         """stdio, read by the event loop itself (on uvloop where installed) and framed by

@@ -120,6 +120,68 @@ end
 """
 
 
+# The error lines of `:messages` (Neovim says an error as "Error ...", "E123: ..." or a Lua traceback)
+# and v:errmsg, which holds the last error message even once the message area was cleared.
+_ERRORS_LUA = r"""
+local out = {}
+local messages = vim.api.nvim_exec2('messages', { output = true }).output
+for _, line in ipairs(vim.split(messages, '\n', { plain = true })) do
+  if line:find('^Error') or line:find('^E%d+:') or line:find('stack traceback') or line:find('^%s*%S+%.lua:%d+:') then
+    out[#out + 1] = line
+  end
+end
+if vim.v.errmsg ~= '' then
+  out[#out + 1] = 'v:errmsg: ' .. vim.v.errmsg
+end
+return out
+"""
+
+
+_GHOST_PROBLEMS_LUA = r"""
+local api = vim.api
+local buf, win = api.nvim_get_current_buf(), api.nvim_get_current_win()
+local inserting = api.nvim_get_mode().mode:find('^i') ~= nil
+local cursor_row = api.nvim_win_get_cursor(win)[1] - 1
+local out = {}
+local inline = {
+  llada = api.nvim_create_namespace('llada'),
+  builtin = api.nvim_create_namespace('nvim.lsp.inline_completion'),
+}
+local others = { next_edit = api.nvim_create_namespace('llada.next_edit') }
+local function check(bufnr, name, ns, at_cursor)
+  local count = api.nvim_buf_line_count(bufnr)
+  for _, m in ipairs(api.nvim_buf_get_extmarks(bufnr, ns, 0, -1, { details = true })) do
+    local row, col = m[2], m[3]
+    local where = ('%s mark in buffer %d at (%d, %d)'):format(name, bufnr, row, col)
+    local line = row < count and api.nvim_buf_get_lines(bufnr, row, row + 1, true)[1]
+    if not line then
+      out[#out + 1] = where .. ': past the last line (' .. count .. ')'
+    elseif col > #line then
+      out[#out + 1] = where .. ': past the end of its line ' .. vim.inspect(line)
+    end
+    if at_cursor then
+      if bufnr ~= buf or not inserting then
+        out[#out + 1] = where .. ': shown outside insert mode in the current buffer'
+      elseif row ~= cursor_row then
+        out[#out + 1] = where .. ': not on the cursor line ' .. cursor_row
+      end
+    end
+  end
+end
+for _, bufnr in ipairs(api.nvim_list_bufs()) do
+  if api.nvim_buf_is_loaded(bufnr) then
+    for name, ns in pairs(inline) do
+      check(bufnr, name, ns, true)
+    end
+    for name, ns in pairs(others) do
+      check(bufnr, name, ns, false)
+    end
+  end
+end
+return out
+"""
+
+
 def server_cmd() -> list[str]:
     """The server the plugin starts: the real one, unless LLADA_TEST_SERVER_CMD names another."""
     override = os.environ.get("LLADA_TEST_SERVER_CMD")
@@ -174,8 +236,9 @@ class Editor:
     def lua(self, code: str, *args: Any) -> Any:
         return self.nvim.exec_lua(code, *args)
 
-    def open(self, name: str, text: str) -> None:
-        """Opens a file with {text} and waits until the llada server has attached and initialized."""
+    def open(self, name: str, text: str, wait_loaded: bool = True) -> None:
+        """Opens a file with {text} and waits until the llada server has attached and initialized, and
+        (unless not {wait_loaded}) until its model has loaded."""
         path = self.workdir / name
         path.write_text(text)
         self.nvim.command(f"edit {path}")
@@ -185,8 +248,9 @@ class Editor:
             ),
             "the llada server to attach",
         )
-        # While the model loads the server answers completions at once with nothing (a client's next
-        # keystroke asks again): a test types once, so it starts once the load has ended.
+        if not wait_loaded:
+            return
+        # A test that types starts once the load has ended: what it times is then the completion alone.
         wait_for(
             lambda: self.lua("return require('llada').statusline()") not in ("llada: starting", "llada: loading"),
             "the model to load",
@@ -207,6 +271,20 @@ class Editor:
 
     def ghost(self) -> dict[str, Any] | None:
         return self.lua("return llada_probe.ghost()")
+
+    def ghost_problems(self) -> list[str]:
+        """Ghost text where it must not be: an inline completion's mark (the plugin's or the built-in
+        completer's) off the cursor's line, past its end, or shown outside insert mode; any of the
+        plugin's marks (next edits included) past the end of its line."""
+        return self.lua(_GHOST_PROBLEMS_LUA)
+
+    def errors(self) -> list[str]:
+        """What the editor said went wrong since the last clear_errors(): error lines of `:messages`
+        (an autocommand's or a callback's error, a Lua traceback), and v:errmsg."""
+        return self.lua(_ERRORS_LUA)
+
+    def clear_errors(self) -> None:
+        self.lua("vim.cmd.messages('clear') vim.v.errmsg = ''")
 
     def ghost_and_generating(self) -> tuple[dict[str, Any] | None, bool]:
         """The ghost text on screen and whether an inline request is still pending, read at one moment:

@@ -38,6 +38,24 @@ if _load_delay > 0:
 
     native.load = _slow_load
 
+# LLADA_LSP_TEST_LOAD_GATE: a model load waits until that path exists (at most 10 minutes), so a test
+# acts while the model surely loads, and ends the load when it chooses.
+_load_gate = os.environ.get("LLADA_LSP_TEST_LOAD_GATE")
+if _load_gate:
+    import time
+
+    from llada_lsp.backends import native
+
+    _gated_load = native.load
+
+    def _load_after_gate(*args, **kwargs):
+        deadline = time.monotonic() + 600
+        while not os.path.exists(_load_gate) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return _gated_load(*args, **kwargs)
+
+    native.load = _load_after_gate
+
 if os.environ.get("LLADA_LSP_TEST_SCRIPTED_NEXT_EDIT") == "1":
     import scripted_next_edit
 

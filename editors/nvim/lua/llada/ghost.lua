@@ -15,6 +15,7 @@ M.ns = api.nvim_create_namespace('llada')
 ---@field tick integer changedtick the text was drawn for
 ---@field line string the text of line {row} then
 ---@field kind "draft"|"answer"
+---@field at integer the cursor's byte column when it was drawn: {col}, or before it (inside a word)
 
 ---@class llada.GhostBuffer
 ---@field fallback boolean this buffer asks for inline completions itself
@@ -42,9 +43,12 @@ end
 ---@param col integer 0-based byte column
 ---@param text string
 ---@param kind "draft"|"answer"
-function M.show(bufnr, row, col, text, kind)
+---@param at? integer the cursor's column, where it is before {col} (the rest of a word between)
+function M.show(bufnr, row, col, text, kind, at)
   M.clear(bufnr)
-  if text == '' then
+  -- Only where the line has room: a place past its end is one from an older text.
+  local line = text ~= '' and row < api.nvim_buf_line_count(bufnr) and api.nvim_buf_get_lines(bufnr, row, row + 1, true)[1]
+  if not line or col > #line then
     return
   end
   local lines = vim.split(text, '\n', { plain = true })
@@ -60,8 +64,7 @@ function M.show(bufnr, row, col, text, kind)
   })
   if buffers[bufnr] then
     local tick = api.nvim_buf_get_changedtick(bufnr)
-    local line = api.nvim_buf_get_lines(bufnr, row, row + 1, true)[1]
-    buffers[bufnr].item = { text = text, row = row, col = col, tick = tick, line = line, kind = kind }
+    buffers[bufnr].item = { text = text, row = row, col = col, tick = tick, line = line, kind = kind, at = at or col }
   end
 end
 
@@ -151,7 +154,7 @@ local function request(bufnr, client)
         end
         text, col = text:sub(#rest + 1), col + #rest
       end
-      M.show(bufnr, row, col, text, 'answer')
+      M.show(bufnr, row, col, text, 'answer', cursor[2])
     end)
   end
   local ok, request_id = client:request('textDocument/inlineCompletion', params, on_answer, bufnr)
@@ -237,7 +240,8 @@ function M.detach(bufnr)
   buffers[bufnr] = nil
 end
 
---- Inserts the shown ghost text (a draft or an answer) at the cursor and moves the cursor past it; with
+--- Inserts the shown ghost text (a draft or an answer) at its place (the cursor, or past the rest of the
+--- word the cursor is in) and moves the cursor past it; with
 --- {take}, only its first take(text) bytes (the next word or line, llada.partial), and the rest stays
 --- shown after the cursor as an answer, which typing through keeps on screen on either path.
 --- Returns what it accepted from, or nil (and does nothing) when no ghost text is shown for the current
@@ -254,7 +258,7 @@ function M.accept(bufnr, take)
     not item
     or not win
     or api.nvim_buf_get_changedtick(bufnr) ~= item.tick
-    or not vim.deep_equal(api.nvim_win_get_cursor(win), { item.row + 1, item.col })
+    or not vim.deep_equal(api.nvim_win_get_cursor(win), { item.row + 1, item.at })
   then
     return nil
   end

@@ -2,6 +2,7 @@
 --- Ghost text lives in llada.ghost and live drafts in llada.draft; this file draws nothing itself.
 local api = vim.api
 local buffer = require('llada.buffer')
+local builtin = require('llada.builtin')
 local config = require('llada.config')
 local draft = require('llada.draft')
 local ghost = require('llada.ghost')
@@ -23,6 +24,32 @@ local function redraw_status()
   vim.schedule(function()
     vim.cmd.redrawstatus()
   end)
+end
+
+local loading_said = {} ---@type table<integer, true> clients whose model load the user was told of
+
+--- Records {status} (a `llada.status` result, asked or pushed) for {client_id} and redraws the
+--- statusline. A load is said on screen when it starts and when it ends (one line each, not kept in
+--- the message history): the statusline is not everyone's, and until then no ghost text comes.
+---@param client_id integer
+---@param status table
+local function set_status(client_id, status)
+  server_status[client_id] = status
+  redraw_status()
+  local said = loading_said[client_id]
+  local message
+  if status.state == 'loading' and not said then
+    loading_said[client_id] = true
+    message = { 'llada: loading the model…', 'MoreMsg' }
+  elseif status.state ~= 'loading' and said then
+    loading_said[client_id] = nil
+    message = status.state == 'ready' and { 'llada: model ready', 'MoreMsg' } or nil
+  end
+  if message then
+    vim.schedule(function()
+      api.nvim_echo({ message }, false, {})
+    end)
+  end
 end
 
 ---@param bufnr integer
@@ -58,8 +85,7 @@ local function refresh_status(client, on_result)
       notify('status failed: ' .. (err and err.message or 'no result'), vim.log.levels.ERROR)
       return
     end
-    server_status[client.id] = result
-    redraw_status()
+    set_status(client.id, result)
     if on_result then
       on_result(result)
     end
@@ -74,9 +100,10 @@ local function refresh_status(client, on_result)
   end)
 end
 
---- Whether buffers use the plugin's own ghost text instead of vim.lsp.inline_completion.
+--- Whether buffers use the plugin's own ghost text instead of vim.lsp.inline_completion: forced, on
+--- Neovim 0.11, or where the plugin cannot guard the built-in completer (llada.builtin).
 local function use_fallback()
-  return cfg.force_fallback or vim.lsp.inline_completion == nil
+  return cfg.force_fallback or not builtin.available()
 end
 
 ---@param bufnr integer
@@ -102,30 +129,21 @@ local function dismiss_builtin(bufnr)
   end
 end
 
---- Makes a failed inline request of {client} take its ghost text off the screen. The built-in completer
---- keeps the item of its last answer when a request fails, and shows it again at each keystroke
---- (what the user types eats into it): with the engine gone, stale text would stay. Cancelled requests
---- never reach a handler, so every error seen here is a failure.
+--- Guards the inline requests of {client} (llada.builtin: asked only from where the user is, answers
+--- only for the text they were asked for) and makes a failed one take its ghost text off the screen.
+--- The built-in completer keeps the item of its last answer when a request fails, and shows it again at
+--- each keystroke (what the user types eats into it): with the engine gone, stale text would stay.
 ---@param client vim.lsp.Client
-local function clear_on_failure(client)
-  local request = client.request
-  function client.request(self, method, params, handler, ...)
-    if method == INLINE and handler then
-      local on_reply = handler
-      handler = function(err, result, ctx)
-        on_reply(err, result, ctx)
-        local bufnr = err and vim.uri_to_bufnr(params.textDocument.uri)
-        -- A newer request of the buffer owns what is on screen now.
-        if bufnr and api.nvim_buf_is_valid(bufnr) and not inline_pending(bufnr) then
-          ghost.clear(bufnr)
-          if not ghost.is_fallback(bufnr) and vim.lsp.inline_completion then
-            dismiss_builtin(bufnr)
-          end
-        end
+local function guard_inline(client)
+  builtin.guard_requests(client, function(bufnr)
+    -- A newer request of the buffer owns what is on screen now.
+    if not inline_pending(bufnr) then
+      ghost.clear(bufnr)
+      if not ghost.is_fallback(bufnr) and vim.lsp.inline_completion then
+        dismiss_builtin(bufnr)
       end
     end
-    return request(self, method, params, handler, ...)
-  end
+  end)
 end
 
 --- Handler of the server's `llada/status` notification, sent once per change of state with what
@@ -133,8 +151,7 @@ end
 ---@param params table
 ---@param ctx lsp.HandlerContext
 local function on_status(_, params, ctx)
-  server_status[ctx.client_id] = params
-  redraw_status()
+  set_status(ctx.client_id, params)
 end
 
 --- Handler of the server's `window/showMessage` (the engine service lost or back, a model that cannot
@@ -151,26 +168,29 @@ local function on_show_message(_, params)
   vim.notify(msg, levels[params.type] or vim.log.levels.INFO)
 end
 
---- The built-in completer's item, as it shows it at the cursor: typed through since its answer, it
---- shows the rest, which is what is inserted (its own accept would insert the whole answer where it was
---- made, repeating what was typed). With {take} (a partial accept) only that start of it is inserted,
---- and the rest becomes the plugin's ghost text: the built-in completer cannot show an item typed
---- through across a line break, and drops it when it is taken anyway.
+--- The built-in completer's item, as it shows it: typed through since its answer, it shows the rest,
+--- and where the line after its place starts like the item, it shows the item past those characters;
+--- what it shows is inserted where it shows it (its own accept would insert the whole answer where it
+--- was made, repeating what was typed or skipped). With {take} (a partial accept) only that start of it
+--- is inserted, and the rest becomes the plugin's ghost text: the built-in completer cannot show an
+--- item typed through across a line break, and drops it when it is taken anyway. Nothing shown, nothing
+--- accepted: an item the completer holds but does not draw (a draft drew over it) is not inserted.
 ---@param bufnr integer
 ---@param take? fun(text: string): integer
 ---@return boolean
 local function accept_builtin(bufnr, take)
+  builtin.check(bufnr) -- an item the text no longer fits (a Delete since) is dropped, not inserted
   local win = ghost.insert_window(bufnr)
-  local shown = win and through.builtin_at_cursor(bufnr, win)
+  local shown = win and through.builtin_shown(bufnr, win)
   if not shown then
-    return not take and vim.lsp.inline_completion.get({ bufnr = bufnr })
+    return false
   end
-  local cursor, tick = api.nvim_win_get_cursor(win), api.nvim_buf_get_changedtick(bufnr)
+  local tick = api.nvim_buf_get_changedtick(bufnr)
   return vim.lsp.inline_completion.get({
     bufnr = bufnr,
     on_accept = function()
       if api.nvim_buf_is_valid(bufnr) and api.nvim_buf_get_changedtick(bufnr) == tick then
-        ghost.accept_text(bufnr, win, cursor, shown, take)
+        ghost.accept_text(bufnr, win, { shown.row + 1, shown.col }, shown.text, take)
       end
     end,
   })
@@ -215,6 +235,15 @@ local function on_attach(client, bufnr, group)
   ghost.attach(bufnr, client, { fallback = fallback, debounce_ms = cfg.debounce_ms, group = group })
   if not fallback then
     vim.lsp.inline_completion.enable(true, { bufnr = bufnr })
+    -- A key that changes the text without moving the cursor (Delete) draws nothing: the built-in
+    -- completer's item, which it would draw or accept at its old range, is checked here.
+    api.nvim_create_autocmd('TextChangedI', {
+      group = group,
+      buffer = bufnr,
+      callback = function()
+        builtin.check(bufnr)
+      end,
+    })
   end
   next_edit.attach(bufnr, client, { enabled = cfg.next_edit, delay_ms = cfg.next_edit_delay_ms, group = group,
                                     accept_key = cfg.keymaps.accept })
@@ -249,6 +278,7 @@ local function on_detach(bufnr)
   ghost.detach(bufnr)
   next_edit.detach(bufnr)
   draft.forget(bufnr)
+  builtin.forget(bufnr)
   rewriting[bufnr] = nil
   buffer.del_keymaps(bufnr, { 'i', 'x' }, function(desc)
     return vim.startswith(desc, 'llada: ')
@@ -494,7 +524,7 @@ function M.setup(opts)
     init_options = config.init_options(cfg),
     -- As lsp/llada.lua: drafts, and the versioned documentChanges Neovim applies without saying so.
     capabilities = { experimental = { lladaDrafts = true }, workspace = { workspaceEdit = { documentChanges = true } } },
-    on_init = clear_on_failure,
+    on_init = guard_inline,
     handlers = {
       ['llada/draft'] = draft.on_draft,
       ['llada/status'] = on_status,

@@ -30,15 +30,16 @@ function M.rest(item, now, cursor)
   return item.text:sub(#typed + 1)
 end
 
---- The text the built-in completer shows at the cursor of {win}, as it draws it (already trimmed by
---- what was typed since its answer), or nil when it shows nothing there.
+--- The text the built-in completer shows on the cursor's line of {win}, at or after the cursor, as it
+--- draws it (already trimmed by what was typed since its answer, and by the characters after its place
+--- that the text starts with), and where: nil when it shows nothing there.
 ---@param bufnr integer
 ---@param win integer
----@return string?
-function M.builtin_at_cursor(bufnr, win)
+---@return {row: integer, col: integer, text: string}? row 0-based, col a byte column
+function M.builtin_shown(bufnr, win)
   local cursor = api.nvim_win_get_cursor(win)
   local mark = api.nvim_buf_get_extmarks(bufnr, builtin_ns, 0, -1, { details = true })[1]
-  if not mark or mark[2] ~= cursor[1] - 1 or mark[3] ~= cursor[2] then
+  if not mark or mark[2] ~= cursor[1] - 1 or mark[3] < cursor[2] then
     return nil
   end
   local function join(chunks)
@@ -55,7 +56,7 @@ function M.builtin_at_cursor(bufnr, win)
     lines[#lines + 1] = join(virt_line)
   end
   local text = table.concat(lines, '\n')
-  return text ~= '' and text or nil
+  return text ~= '' and { row = mark[2], col = mark[3], text = text } or nil
 end
 
 --- Inserts {text} at the cursor {cursor} of {win} in {bufnr} and moves the cursor past it.
