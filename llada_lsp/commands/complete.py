@@ -292,7 +292,7 @@ async def _complete(doc: Document, path: Path, line: int, col: int, args, option
             "context": {"triggerKind": 1},  # Invoked
         }
         try:
-            await session.loaded()  # asked during the load, a completion is answered with nothing
+            await session.loaded()  # the load first: a model that fails to load is said as such
             result = await session.client.request("textDocument/inlineCompletion", params)
         except LspError as err:
             return _fail("complete", err.message)

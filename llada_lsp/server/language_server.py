@@ -68,9 +68,8 @@ class LladaServer(LanguageServer):
         self.documents = OpenDocuments()
         self.context = ContextFiles(log=self.log)  # snippets of the client's other files (server/context_files.py)
         self.completer: Completer | None = None
-        self.cross_file = CrossFile(
-            self.context, self.documents, lambda: self.settings, lambda: self.completer, self.log
-        )
+        settings, completer = (lambda: self.settings), (lambda: self.completer)
+        self.cross_file = CrossFile(self.context, self.documents, settings, completer, self.log)
         self._reconnect: asyncio.Task | None = None
         self._engine_error: str | None = None  # the named service did not answer
         self._told: list[tuple[str, types.MessageType]] | None = []  # messages held until initialize is answered
