@@ -666,6 +666,9 @@ def test_a_checkpoints_sglang_launch_names_its_algorithm_edit_ids_and_block(raw,
     assert "threshold: 0.7\nedit_threshold: 0.5\n" in config and f"block_size: {block}\n" in config
     text = sglang_instructions("inclusionAI/LLaDA2.2-flash", family)
     assert text.count("python -m sglang.launch_server") == 2 and "sglang-speed.yaml" in text
+    # the version whose flags these are, and what it does that changes answers
+    assert "SGLang 0.5.23" in text and "--no-dllm-fdfo" in text and "156895" in text
+    assert "routed_scaling_factor" in text
 
 
 @pytest.fixture(scope="module")
