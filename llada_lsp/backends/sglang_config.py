@@ -127,7 +127,7 @@ def sglang_launch(model: str, family: Family, mode: str, port: int = 30000) -> l
 def sglang_instructions(model: str, family: Family) -> str:
     """Both modes' files and commands, as `llada-lsp plan --sglang` prints them (docs/sglang.md), for
     SGLANG_VERSION, with what that version does that changes answers."""
-    lines = [f"# SGLang {SGLANG_VERSION} (python -m sglang.launch_server --help: other versions' flags differ)",
+    lines = [f"# SGLang {SGLANG_VERSION} (another version's flags may differ: see its launch_server --help)",
              "# First-done-first-out is on by default (--dllm-fdfo; --no-dllm-fdfo turns it off): the service "
              "reads both streams.",
              "# Several editors: add --max-running-requests 4 (or more); a dLLM server runs 1 request at a time.",
