@@ -113,7 +113,7 @@ def sglang_step_ms(url: str, checkpoint: Path, work: list[tuple[str, str]]) -> f
     tokenizer = load_tokenizer(checkpoint)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     gaps: list[float] = []
-    for before, _ in work[:6]:
+    for before, _ in work[:3]:
         body = {"input_ids": tokenizer(before)["input_ids"][-400:], "stream": True,
                 "sampling_params": {"max_new_tokens": MAX_TOKENS, "temperature": 0.0}}  # fmt: skip
         request = urllib.request.Request(f"{url}/generate", json.dumps(body).encode(),
@@ -128,7 +128,7 @@ def service(folder: Path, name: str, checkpoint: Path, backend: str | None) -> t
     address = f"unix:{folder / (name + '.sock')}"
     log = folder / f"{name}.log"
     argv = [sys.executable, "-m", "llada_lsp", "engine", "--listen", address, "--model", str(checkpoint),
-            "--log-level", "warning"] + (["--backend", backend] if backend else [])  # fmt: skip
+            "--log-level", "warning"] + (["--backend", backend, "--backend-timeout", "600"] if backend else [])  # fmt: skip
     with log.open("ab") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT), address, log
 

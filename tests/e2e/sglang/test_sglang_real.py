@@ -73,7 +73,8 @@ class Cluster:
         with self.engine_log.open("ab") as log:
             self.engine = subprocess.Popen(
                 [sys.executable, "-m", "llada_lsp", "engine", "--listen", self.address, "--model", str(self.model),
-                 "--backend", backend, "--log-level", "info"], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                 "--backend", backend, "--backend-timeout", str(WAIT), "--log-level", "info"],
+                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
 
     def log(self) -> str:
         return self.engine_log.read_text(errors="replace")
