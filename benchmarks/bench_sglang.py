@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="llbs", dir="/tmp"))
     checkpoint = make_checkpoint(folder / "model")
     results: dict[str, dict] = {}
-    began = time.perf_counter()
+    began, loads = time.perf_counter(), [os.getloadavg()[0]]
     process, address, log = service(folder, "native", checkpoint, None)
     try:
         results["native"] = asyncio.run(measure(address, process, log, work))
@@ -171,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         sglang_step = sglang_step_ms(server.url, checkpoint, work)
     finally:
         server.stop()
+    loads.append(os.getloadavg()[0])
     table = Table(["engine", "editors", "answered", "per-step ms", "p50 ms", "p95 ms", "completions/s", "tokens/s",
                    "steps per answer"])  # fmt: skip
     for engine, rows in results.items():
@@ -185,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                "the network is tiny: the table compares the engines' overhead (service, HTTP, SGLang's "
                "scheduler on a CPU), not GPU speed. Per-step: native, the service's seconds per denoising "
                "forward; SGLang, the median gap between the objects of a first-done-first-out stream (one per "
-               "step). Steps per answer: native counts forwards, SGLang blocks.")  # fmt: skip
+               "step). Steps per answer: native counts forwards, SGLang blocks. Load average (1 min) at the start and "
+               f"the end: {loads[0]:.1f}, {loads[1]:.1f} on {os.cpu_count()} cores.")  # fmt: skip
     if args.markdown:
         report = Report("The native engine and SGLang 0.5.23 side by side (CPU)")
         report.table(table, caption)
