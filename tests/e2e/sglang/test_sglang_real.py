@@ -208,7 +208,7 @@ class Front:
         self.drafts: list = []
         self.edits: list = []
         self.client.feature("llada/draft")(lambda params: self.drafts.append(params))
-        self.client.feature(t.WORKSPACE_APPLY_EDIT)(self._apply)
+        self.client.feature(t.WORKSPACE_APPLY_EDIT)(lambda params: self._apply(params))
 
     def _apply(self, params):
         self.edits.append(params)
