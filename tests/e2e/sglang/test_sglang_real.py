@@ -266,6 +266,7 @@ async def test_two_fronts_complete_rewrite_and_cancel_while_typing(cluster):
                     "range": {"start": {"line": 5, "character": 0}, "end": {"line": 6, "character": 0}}}  # fmt: skip
         result = await asyncio.wait_for(front.client.workspace_execute_command_async(
             t.ExecuteCommandParams("llada.rewriteSelection", [argument])), WAIT)  # fmt: skip
+        print("rewrite answered", result)
         assert "text" in result and (result["applied"] or result.get("reason")), result
         assert len(front.edits) == (1 if result["applied"] else 0), result
         # Typing: each keystroke asks again; the older request is cancelled (and aborted on SGLang).
