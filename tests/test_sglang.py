@@ -76,6 +76,9 @@ class Stream:
     finish: dict[str, Any] = field(default_factory=lambda: {"type": "length", "length": 0})
     incremental: bool = False  # --incremental-streaming-output: only the new ids in each object
     hold_after: int | None = None
+    # First-done-first-out (0.5.23's default): an object per denoising step, before each block the
+    # steps that did not finish it, their output ids unchanged
+    fdfo_steps: int = 0
 
 
 @dataclass
@@ -200,6 +203,8 @@ def _handler(fake: FakeSGLang) -> type[BaseHTTPRequestHandler]:
                         self._event(self._output(body, ids, [], abort, answer))
                     return
                 last = n == len(answer.blocks)
+                for _ in range(answer.fdfo_steps):
+                    self._event(self._output(body, ids, [], None, answer))
                 ids += block
                 self._event(self._output(body, ids, block, answer.finish if last else None, answer))
 
@@ -337,16 +342,20 @@ BODY = (
 )  # 40 ids: two blocks
 
 
-@pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
-async def test_streamed_blocks_arrive_as_drafts_then_the_answer(short_dir, tiny, incremental):
+@pytest.mark.parametrize("incremental, fdfo_steps", [(False, 0), (True, 0), (False, 5), (True, 5)],
+                         ids=["cumulative", "incremental", "cumulative-fdfo", "incremental-fdfo"])  # fmt: skip
+async def test_streamed_blocks_arrive_as_drafts_then_the_answer(short_dir, tiny, incremental, fdfo_steps):
+    """One draft per block, never an empty one, in both stream shapes: one object per block
+    (--no-dllm-fdfo), or one per denoising step whose ids change only when a block finishes (FDFO)."""
     codec = tiny.codec
     ids = codec.encode(BODY)
     assert len(ids) > 32, "the body must span two blocks"
     blocks = [ids[:32], ids[32:] + [codec.special.eos]]
-    answer = Stream(blocks, {"type": "stop", "matched": codec.special.eos}, incremental=incremental)
+    answer = Stream(blocks, {"type": "stop", "matched": codec.special.eos}, incremental=incremental,
+                    fdfo_steps=fdfo_steps)  # fmt: skip
     drafts: list[str] = []
     with FakeSGLang(lambda body: answer) as fake:
-        async with service_on(SGLangBackend(fake.url), short_dir) as (address, _):
+        async with service_on(SGLangBackend(fake.url), short_dir) as (address, lines):
             async with await EngineClient.connect(address, "editor") as client:
                 done = await ask(client, infill(client, "def f():\n    ", "\n", "quality", drafts=True), drafts)
     assert fake.generated[0]["sampling_params"]["max_new_tokens"] == 64  # an empty line: two blocks
@@ -355,6 +364,7 @@ async def test_streamed_blocks_arrive_as_drafts_then_the_answer(short_dir, tiny,
     assert first.startswith(drafts[0]) and drafts[0].startswith("total = 0\n")  # only what the first block holds
     assert drafts[-1] == done.text == BODY.rstrip()
     assert done.step == 2
+    assert any(": 2 blocks in" in line for line in lines), lines
 
 
 async def test_cancel_answers_at_once_and_asks_sglang_to_abort_the_request(short_dir, tiny):
@@ -656,6 +666,9 @@ def test_a_checkpoints_sglang_launch_names_its_algorithm_edit_ids_and_block(raw,
     assert "threshold: 0.7\nedit_threshold: 0.5\n" in config and f"block_size: {block}\n" in config
     text = sglang_instructions("inclusionAI/LLaDA2.2-flash", family)
     assert text.count("python -m sglang.launch_server") == 2 and "sglang-speed.yaml" in text
+    # the version whose flags these are, and what it does that changes answers
+    assert "SGLang 0.5.23" in text and "--no-dllm-fdfo" in text and "156895" in text
+    assert "routed_scaling_factor" in text
 
 
 @pytest.fixture(scope="module")

@@ -252,10 +252,15 @@ class SGLangWorker(KeyedJobs):
         return await self._stream(ticket, plan, server)
 
     async def _stream(self, ticket: RemoteTicket, plan: Plan, server: SGLangServer) -> Any:
-        """Sends the prompt ids; each streamed block becomes a final draft; the plan finishes the result.
-        Stops early (and aborts the rest) when the plan has enough or the completion leaves the healed
-        word. What SGLang cannot be told: `init_ids` (it starts from masks), `first_allowed` (see
-        _breaks_word), `priority`, and the thresholds (a server's own)."""
+        """Sends the prompt ids; each block the stream adds becomes a final draft; the plan finishes the
+        result. Stops early (and aborts the rest) when the plan has enough or the completion leaves the
+        healed word. What SGLang cannot be told: `init_ids` (it starts from masks), `first_allowed` (see
+        _breaks_word), `priority`, and the thresholds (a server's own).
+
+        The stream has two shapes (docs/sglang.md, "What SGLang streams"): without first-done-first-out
+        (`--no-dllm-fdfo`) one object per finished block; with it (0.5.23's default) one object per
+        denoising step of the batch, whose output ids stay the same until a block finishes. Blocks are
+        therefore counted by the output's growth, and an object that adds nothing shows nothing."""
         request = plan.request
         # SGLang aborts every request whose rid *starts with* the one given: ids of one length stay apart.
         rid = f"llada-{uuid.uuid4().hex}"
@@ -269,16 +274,17 @@ class SGLangWorker(KeyedJobs):
         edit_ids = set(self.model.edit_ids or ())
         raw: list[int] = []  # the server's output ids, as merge_output counts them
         ids: list[int] = []
-        blocks, started, finished, early = 0, time.perf_counter(), False, False
+        blocks, objects, started, finished, early = 0, 0, time.perf_counter(), False, False
         stream = server.generate(payload)
         try:
             async for chunk in stream:
+                objects += 1
                 try:
-                    raw = merge_output(raw, chunk)
+                    merged = merge_output(raw, chunk)
                 except ValueError as err:
                     raise BackendFailure("internal", f"SGLang at {server.url} sent {err}") from None
+                grew, raw = len(merged) > len(raw), merged
                 ids = [t for t in raw if t not in edit_ids]
-                blocks += 1
                 finish = finish_of(chunk)
                 if finish is not None:
                     finished = True
@@ -287,12 +293,16 @@ class SGLangWorker(KeyedJobs):
                     matched = finish.get("matched")
                     if isinstance(matched, int) and matched not in ids and matched not in edit_ids:
                         ids.append(matched)  # the stop id, where SGLang trimmed it
-                if word and _breaks_word(codec, ids, word):
-                    logger.debug("%s: the completion does not begin with %r; dropped", ticket.label, word)
-                    ids, early = ([request.eos_id] if request.eos_id is not None else []), not finished
-                # A streamed block is final; the last one ends the generation, whose result answers.
-                draft = Draft(blocks, ids[: request.gen_length], final=not (finished or early))
-                ticket.emit(blocks, plan.on_draft(draft)[1])
+                        grew = True
+                if grew:
+                    blocks += 1
+                    if word and _breaks_word(codec, ids, word):
+                        logger.debug("%s: the completion does not begin with %r; dropped", ticket.label, word)
+                        ids, early = ([request.eos_id] if request.eos_id is not None else []), not finished
+                    if ids:  # a block of edit ids only is no text to show
+                        # A streamed block is final; the last one ends the generation, whose result answers.
+                        draft = Draft(blocks, ids[: request.gen_length], final=not (finished or early))
+                        ticket.emit(blocks, plan.on_draft(draft)[1])
                 if finished or early:
                     break
                 if request.cancel is not None and request.cancel.is_set():  # the plan has enough
@@ -307,6 +317,7 @@ class SGLangWorker(KeyedJobs):
             self._abort(server, rid)
         elif not finished:
             raise BackendFailure("no_model", f"SGLang at {server.url} ended the stream before the generation ended")
+        logger.debug("%s: %d blocks in %d streamed objects", ticket.label, blocks, objects)
         result = Result(ids[: request.gen_length], blocks, time.perf_counter() - started, ticket.is_set())
         return await asyncio.to_thread(plan.finish, result)
 

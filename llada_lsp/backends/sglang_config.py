@@ -22,6 +22,8 @@ DEFAULT_TIMEOUT = 30.0  # seconds a server may send nothing in the middle of an 
 THRESHOLDS = {"speed": (0.5, 0.0), "quality": (0.7, 0.5)}
 MAX_POST_EDIT_STEPS = 16
 BLOCK_SIZE = 32  # LLaDA2.1's block: SGLang's default for LLaDA2MoeModelLM (srt/dllm/config.py)
+SGLANG_VERSION = "0.5.23"  # the version whose flags plan --sglang and docs/sglang.md give (and the tests run)
+SGLANG_MASK_ID = 156895  # SGLang's fixed mask id for LLaDA2MoeModelLM (srt/dllm/config.py); config.json's is ignored
 
 
 class BackendFailure(Exception):
@@ -123,8 +125,15 @@ def sglang_launch(model: str, family: Family, mode: str, port: int = 30000) -> l
 
 
 def sglang_instructions(model: str, family: Family) -> str:
-    """Both modes' files and commands, as `llada-lsp plan --sglang` prints them (docs/sglang.md)."""
-    lines = []
+    """Both modes' files and commands, as `llada-lsp plan --sglang` prints them (docs/sglang.md), for
+    SGLANG_VERSION, with what that version does that changes answers."""
+    lines = [f"# SGLang {SGLANG_VERSION} (another version's flags may differ: see its launch_server --help)",
+             "# First-done-first-out is on by default (--dllm-fdfo; --no-dllm-fdfo turns it off): the service "
+             "reads both streams.",
+             "# Several editors: add --max-running-requests 4 (or more); a dLLM server runs 1 request at a time.",
+             f"# SGLang takes the mask id as {SGLANG_MASK_ID} whatever config.json says; its CPU MoE "
+             "(--device cpu) skips routed_scaling_factor.",
+             ""]  # fmt: skip
     for port, mode in enumerate(MODES, 30000):
         lines += [f"# sglang-{mode}.yaml", sglang_algorithm_config(family, mode).rstrip("\n"),
                   f"# the {mode} server", shlex.join(sglang_launch(model, family, mode, port)), ""]  # fmt: skip

@@ -32,7 +32,7 @@ def plan_main(argv: list[str] | None = None) -> int:
     add_edit_ids_argument(ap)
     ap.add_argument("--sglang", action="store_true",
                     help="also print the SGLang servers' algorithm files and launch commands for this checkpoint, "
-                    "one per mode (docs/sglang.md)")  # fmt: skip
+                    "one per mode, with SGLang 0.5.23's flags (docs/sglang.md)")  # fmt: skip
     args = ap.parse_args(argv)
 
     # Imported after parsing so that --help and usage errors load nothing heavy.
