@@ -54,6 +54,8 @@ const ops = {
                 '--disable-sync', '--no-first-run', '--disable-dev-shm-usage'],
         });
         page = await browser.newPage({ viewport: { width, height } });
+        // Paste reads the system clipboard, which a page may write only with this permission.
+        await page.context().grantPermissions(['clipboard-read', 'clipboard-write']);
         // The page's own errors go to the driver's log (stderr), for a failing test to be read by.
         page.on('pageerror', (error) => process.stderr.write(`page error: ${error.stack ?? error}\n`));
         page.on('console', (message) => {
@@ -92,6 +94,19 @@ const ops = {
             buttons: [...n.querySelectorAll('.monaco-button')].map((b) => b.innerText),
             progress: n.querySelector('.monaco-progress-container.active') !== null,
         }))),
+    /** The toasts on screen with their severity (error, warning, info), as the icon beside each says. */
+    toasts: () => page.$$eval('.notifications-toasts .notification-list-item', (nodes) => nodes.map((n) => {
+        const icon = n.querySelector('.notification-list-item-icon')?.className ?? '';
+        const severity = ['error', 'warning', 'info'].find((s) => icon.includes(`codicon-${s}`)) ?? '';
+        return { message: n.querySelector('.notification-list-item-message')?.innerText ?? '', severity };
+    })),
+    /** Puts `text` on the clipboard and presses `key`, bound to VS Code's paste (headless Chromium makes
+     *  no paste event of Ctrl+V). */
+    async paste({ text, key }) {
+        await page.evaluate((t) => navigator.clipboard.writeText(t), text);
+        await page.keyboard.press(key);
+        return true;
+    },
     /** The messages in the notification center (the bell), newest first, as a user opening it sees them. */
     async notificationCenter() {
         await ops.command({ title: 'Notifications: Show Notifications' });
