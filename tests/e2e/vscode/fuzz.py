@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -62,6 +62,8 @@ SETTINGS = {
     "editor.autoClosingOvertype": "never",
     "editor.autoSurround": "never",
     "editor.formatOnPaste": False,
+    # Else VS Code removes the indentation Tab typed on an empty line at the next edit elsewhere.
+    "editor.trimAutoWhitespace": False,
     "editor.formatOnType": False,
     "editor.wordBasedSuggestions": "off",
     "editor.parameterHints.enabled": False,
@@ -218,6 +220,9 @@ class Fuzzer:
         self.served = 0
         self.served_at: dict[tuple, list[str]] = {}
         self.mark: Mark | None = None
+        # The hook's records up to the last snapshot are checked; the mark's index in them.
+        self.consumed = 0
+        self.mark_index = 0
 
     def close(self) -> None:
         self.editor.close()
@@ -233,14 +238,16 @@ class Fuzzer:
 
     def snapshot(self) -> Mark:
         """Presses the mark key and returns the extension host's snapshot, taken after every key before."""
-        before = sum(1 for r in self.hook.records if r["event"] == "mark")
+        self.hook.read()
+        start = len(self.hook.records)  # every mark before the key is read
         self.editor.press(MARK_KEY)
         deadline = time.monotonic() + vs.WAIT_S
         while True:
             self.hook.read()
-            marks = [r for r in self.hook.records if r["event"] == "mark"]
-            if len(marks) > before:
-                m = marks[before]
+            marks = [i for i in range(start, len(self.hook.records)) if self.hook.records[i]["event"] == "mark"]
+            if marks:
+                self.mark_index = marks[0]
+                m = self.hook.records[self.mark_index]
                 return Mark(m["active"], tuple(m["cursor"]) if m["cursor"] else None, m["documents"])
             if time.monotonic() > deadline:
                 raise FuzzFailure(f"no snapshot from the extension within {vs.WAIT_S:.0f} s of the mark key")
@@ -252,7 +259,6 @@ class Fuzzer:
         ed = self.editor
         before = self.mark
         assert before is not None
-        seen = len(self.hook.records)
         ghost = ""
         if kind == "type":
             ed.browser("type", text=arg, delay=15)
@@ -275,7 +281,9 @@ class Fuzzer:
             ed.browser("paste", text=arg, key="Control+Alt+Shift+V")
             # The paste command reads the clipboard asynchronously: a key pressed after it can run first.
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and not any(r["event"] == "change" for r in self.hook.records[seen:]):
+            while time.monotonic() < deadline and not any(
+                r["event"] == "change" for r in self.hook.records[self.consumed :]
+            ):
                 self.hook.read()
                 time.sleep(0.05)
         elif kind == "undo":
@@ -290,24 +298,29 @@ class Fuzzer:
             ed.browser("quickInput")
             ed.press("Escape")
         elif kind == "wait_ghost":
-            deadline = time.monotonic() + 2.5
-            while not ed.ghost() and time.monotonic() < deadline:
-                time.sleep(0.1)
+            self.wait_ghost(2.5)
         elif kind == "pause":
             time.sleep(arg)
         elif kind in ("accept", "accept_word", "accept_line"):
-            ghost = ed.ghost()
-            self.hook.read()
-            seen = len(self.hook.records)
+            # A user accepts what is on screen: up to a second and a half to see something.
+            ghost = self.wait_ghost(1.5)
             ed.press({"accept": "Tab", "accept_word": "Control+ArrowRight", "accept_line": "Control+Alt+L"}[kind])
         elif kind == "toggle_mode":
             ed.browser("command", title="LLaDA: Toggle Mode")
         else:
             raise ValueError(kind)
         after = self.snapshot()
-        new = self.hook.records[seen:]
+        new = self.hook.records[self.consumed : self.mark_index + 1]
         self.check(kind, arg, before, after, new, ghost)
+        self.consumed = self.mark_index + 1
         self.mark = after
+
+    def wait_ghost(self, seconds: float) -> str:
+        """The ghost text on screen once there is some, or '' after {seconds}."""
+        deadline = time.monotonic() + seconds
+        while not (ghost := self.editor.ghost()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return ghost
 
     # The checks.
 
@@ -318,6 +331,8 @@ class Fuzzer:
         toasts = [t for t in self.editor.browser("toasts") if t["severity"] == "error"]
         if toasts:
             raise FuzzFailure(f"error notifications: {toasts!r}")
+        # The texts the file had before this step (undo and redo must give back one of them).
+        past = set(self.history.get(before.active or "", []))
         for record in new:
             if record["event"] == "served":
                 self.check_served(record)
@@ -350,7 +365,7 @@ class Fuzzer:
         elif kind == "paste":
             self.expect(kind, now, old[:o] + arg + old[o:], after, o + len(arg))
         elif kind in ("undo", "redo"):
-            if now != old and now not in self.history.get(before.active or "", []):
+            if now != old and now not in past:
                 raise FuzzFailure(f"{kind} gave a text the file never had: {old!r} -> {now!r}")
         elif kind in ("accept", "accept_word", "accept_line"):
             self.check_accept(kind, before, after, new, ghost)
@@ -401,6 +416,11 @@ class Fuzzer:
         )
         served_match = any(inserted == t if kind == "accept" else t.startswith(inserted) for t in served)
         accepted = any(r["event"] == "accepted" for r in new)
+        if kind == "accept" and not accepted and inserted.strip() != "":
+            # VS Code runs the item's command after inserting it: give it a moment to arrive.
+            time.sleep(0.5)
+            self.hook.read()
+            accepted = any(r["event"] == "accepted" for r in self.hook.records[self.consumed :])
         if kind == "accept" and not accepted:
             if inserted.strip() == "":
                 return  # Tab with nothing on screen indents
@@ -474,5 +494,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    # Stopped by a signal, the run still closes code-server and the browser (its own process group).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())
