@@ -78,6 +78,28 @@ const ops = {
         return true;
     },
     ghost: () => page.evaluate(readGhost),
+    /** Where the ghost text is drawn against the cursor of the active editor, in pixels: the inline part's
+     *  first span and the view zone's first line (each null when none shows), the cursor's box, and the
+     *  height of a line. */
+    ghostPlace: () => page.evaluate(() => {
+        const editor = document.querySelector('.editor-instance .monaco-editor.focused')
+            ?? document.querySelector('.editor-instance .monaco-editor');
+        const box = (node) => {
+            if (node === null || node === undefined) {
+                return null;
+            }
+            const r = node.getBoundingClientRect();
+            return { left: r.left, top: r.top, width: r.width, height: r.height };
+        };
+        const inline = [...(editor?.querySelectorAll('.view-lines [class*="ghost-text-decoration"]') ?? [])]
+            .find((span) => span.textContent !== '');
+        return {
+            inline: box(inline),
+            below: box(editor?.querySelector('.ghost-text .view-line, .ghost-text-view-zone .view-line')),
+            cursor: box(editor?.querySelector('.cursors-layer .cursor')),
+            lineHeight: box(editor?.querySelector('.view-lines .view-line'))?.height ?? null,
+        };
+    }),
     async recordGhost() {
         await page.evaluate(`(${recordGhost.toString()})(${readGhost.toString()})`);
         return true;

@@ -103,6 +103,21 @@ class FuzzFailure(AssertionError):
     pass
 
 
+def misplaced(place: dict) -> str | None:
+    """What is wrong with where the ghost text is drawn (driver.mjs ghostPlace), None when nothing is."""
+    cursor, inline, below, line = place["cursor"], place["inline"], place["below"], place["lineHeight"]
+    if cursor is None or cursor["height"] == 0 or line is None or (inline is None and below is None):
+        return None  # no cursor drawn (the editor has no focus), or no ghost text
+    if inline is not None:
+        if abs(inline["top"] - cursor["top"]) > line / 2:
+            return "its inline part is on another line than the cursor"
+        if abs(inline["left"] - cursor["left"]) > 4:
+            return f"its inline part starts {inline['left'] - cursor['left']:+.0f} px from the caret"
+    elif not (line / 2 < below["top"] - cursor["top"] < 1.5 * line):
+        return "its lines start elsewhere than under the cursor's line"
+    return None
+
+
 def draw(rng: random.Random) -> list[tuple[str, Any]]:
     """One action as the primitive steps it takes, each checked on its own: (kind, argument)."""
     kind = rng.choices([a for a, _ in ACTIONS], weights=[w for _, w in ACTIONS])[0]
@@ -331,6 +346,7 @@ class Fuzzer:
         toasts = [t for t in self.editor.browser("toasts") if t["severity"] == "error"]
         if toasts:
             raise FuzzFailure(f"error notifications: {toasts!r}")
+        self.check_ghost_place()
         # The texts the file had before this step (undo and redo must give back one of them).
         past = set(self.history.get(before.active or "", []))
         for record in new:
@@ -371,6 +387,20 @@ class Fuzzer:
             self.check_accept(kind, before, after, new, ghost)
         elif now != old:
             raise FuzzFailure(f"{kind} changed the text: {old!r} -> {now!r}")
+
+    def check_ghost_place(self) -> None:
+        """Ghost text on screen is drawn at the cursor: its inline part starts at the caret, on its line;
+        lines of it alone start on the line under the caret. A frame can lag the cursor (VS Code hides the
+        ghost text when told by the extension host): a misplacement counts when it lasts a second."""
+        deadline = time.monotonic() + 1.0
+        while True:
+            place = self.editor.browser("ghostPlace")
+            problem = misplaced(place)
+            if problem is None:
+                return
+            if time.monotonic() > deadline:
+                raise FuzzFailure(f"ghost text {self.editor.ghost()!r} away from the cursor: {problem} ({place})")
+            time.sleep(0.1)
 
     def expect(self, kind: str, now: str, expected: str, after: Mark, offset: int) -> None:
         if now != expected:
