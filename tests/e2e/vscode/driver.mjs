@@ -168,7 +168,9 @@ const ops = {
         const input = page.locator('.quick-input-widget input');
         await input.waitFor({ state: 'visible' });
         await input.fill(name);
-        const row = page.locator('.quick-input-list .monaco-list-row', { hasText: name }).first();
+        // The list filters after the input changed: until then the recent files' list, where the file may
+        // show but not first, is on screen, and Enter would open the first of it.
+        const row = page.locator('.quick-input-list .monaco-list-row.focused', { hasText: name }).first();
         await row.waitFor({ state: 'visible' });
         await input.press('Enter');
         await page.locator('.tab.active', { hasText: name }).waitFor({ state: 'visible' });
