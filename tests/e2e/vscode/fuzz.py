@@ -369,6 +369,14 @@ class Fuzzer:
         old, now = before.text(), after.text()
         o = before.offset()
         if kind == "type":
+            start = old.rfind("\n", 0, o) + 1
+            if arg in ")]}" and old[start:o].strip() == "" and now != old[:o] + arg + old[o:]:
+                # A closing bracket typed after the indentation alone re-indents the line (VS Code's
+                # electric characters, whatever editor.autoIndent says): the indentation may change.
+                indent = now[start : len(now) - len(old[o:]) - len(arg)]
+                if indent.strip() == "":
+                    self.expect(kind, now, old[:start] + indent + arg + old[o:], after, start + len(indent) + 1)
+                    return
             self.expect(kind, now, old[:o] + arg + old[o:], after, o + len(arg))
         elif kind in ("backspace", "delete"):
             text = old
