@@ -356,7 +356,7 @@ class Fuzzer:
                 self.history.setdefault(record["uri"], []).append(record["text"])
         # Every file but the one edited keeps its text; a file opened since holds what is on disk.
         for uri, doc in after.documents.items():
-            if uri not in self.history:
+            if uri not in self.uris.values():
                 continue  # not a workspace file (settings.json, which the mode command writes)
             if uri == before.active and kind not in ("switch",):
                 continue
