@@ -146,12 +146,23 @@ FILES = {
 class VSCode:
     """code-server with the extension installed, its workspace, and the browser showing it."""
 
-    def __init__(self, root: Path, tools: dict[str, str], vsix: Path):
+    def __init__(
+        self,
+        root: Path,
+        tools: dict[str, str],
+        vsix: Path,
+        files: dict[str, str] | None = None,
+        settings: dict[str, Any] | None = None,
+        keybindings: list[dict] | None = None,
+        env: dict[str, str] | None = None,
+    ):
+        """{files}, {settings}, {keybindings} and {env} replace or add to the tests' own (the editing
+        fuzzer, tests/e2e/vscode/fuzz.py, has its own)."""
         self.root = root
         self.shots = 0
         self.workspace = root / "workspace"
         self.workspace.mkdir()
-        for name, text in FILES.items():
+        for name, text in (FILES if files is None else files).items():
             (self.workspace / name).write_text(text)
         self.user = root / "user"
         (self.user / "User").mkdir(parents=True)
@@ -178,18 +189,21 @@ class VSCode:
             "llada.server.args": ["--threads", "1"],
             "llada.engine": "local",
             "llada.nextEditDelayMs": 200,
+            **(settings or {}),
         }
         self.write_settings()
         # VS Code's partial accept of a line has no default key.
         (self.user / "User" / "keybindings.json").write_text(json.dumps([
             {"key": "ctrl+alt+l", "command": "editor.action.inlineSuggest.acceptNextLine",
              "when": "inlineSuggestionVisible"},
+            *(keybindings or []),
         ]))  # fmt: skip
         self.env = {
             **os.environ,
             "PATH": f"{Path(tools['LLADA_E2E_NODE']).parent}{os.pathsep}{os.environ['PATH']}",
             "LLADA_LSP_TEST_SCRIPTED_NEXT_EDIT": "1",
             "LLADA_LSP_TEST_STEP_DELAY_MS": STEP_DELAY_MS,
+            **(env or {}),
         }
         code_server = tools["LLADA_E2E_CODE_SERVER"]
         dirs = ["--user-data-dir", str(self.user), "--extensions-dir", str(self.extensions)]

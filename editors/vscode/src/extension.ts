@@ -18,6 +18,7 @@ import {
     toggleInlineMode, toInitializationOptions,
 } from './settings';
 import { ServerStatus, STATUS_NOTIFICATION, StatusIndicator } from './status';
+import { TestLog } from './testHook';
 import { TraceChannel } from './trace';
 
 const REWRITE_COMMAND = 'llada.rewriteSelection';
@@ -38,6 +39,8 @@ interface Shared {
     output: vscode.LogOutputChannel;
     trace: TraceChannel;
     extensionId: string;
+    /** The test hook (testHook.ts): undefined unless LLADA_VSCODE_TEST_LOG is set. */
+    testLog: TestLog | undefined;
 }
 
 // VS Code calls deactivate() without the context, so the running extension has to be found here.
@@ -67,6 +70,7 @@ class LladaExtension implements vscode.Disposable {
     constructor(extensionId: string) {
         this.shared = {
             extensionId,
+            testLog: TestLog.fromEnvironment(),
             status: new StatusIndicator(TOGGLE_COMMAND),
             review: new EditReview(),
             output: vscode.window.createOutputChannel('LLaDA', { log: true }),
@@ -79,6 +83,9 @@ class LladaExtension implements vscode.Disposable {
             vscode.commands.registerCommand(RESTART_COMMAND, () => this.restart()),
             vscode.workspace.onDidChangeConfiguration((event) => this.configurationChanged(event)),
         ];
+        if (this.shared.testLog !== undefined) {
+            this.disposables.push(this.shared.testLog.register());
+        }
     }
 
     restart(): Promise<void> {
@@ -191,6 +198,8 @@ class Session {
             },
             (uri) => this.client.code2ProtocolConverter.asUri(uri),
             shared.extensionId,
+            undefined,
+            shared.testLog && ((document, position, result, token) => shared.testLog?.served(document, position, result, token)),
         );
         const clientOptions: LanguageClientOptions = {
             documentSelector: DOCUMENTS,
@@ -238,11 +247,15 @@ class Session {
                 }
             }),
             vscode.window.onDidChangeTextEditorSelection((event) =>
-                this.inline.cursorMoved(this.client.code2ProtocolConverter.asUri(event.textEditor.document.uri), event.selections[0].active)),
+                this.inline.cursorMoved(this.client.code2ProtocolConverter.asUri(event.textEditor.document.uri), event.selections[0].active,
+                    event.textEditor.document.version)),
             vscode.workspace.onDidCloseTextDocument((document) =>
                 this.inline.forget(this.client.code2ProtocolConverter.asUri(document.uri))),
             // Run by VS Code once an inline item is accepted: the rest of its request is stopped.
-            vscode.commands.registerCommand(ACCEPTED_COMMAND, (id: number) => this.inline.accepted(id)),
+            vscode.commands.registerCommand(ACCEPTED_COMMAND, (id: number) => {
+                shared.testLog?.accepted(id);
+                this.inline.accepted(id);
+            }),
         );
     }
 

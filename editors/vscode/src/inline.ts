@@ -50,6 +50,7 @@ interface InFlight {
 }
 
 export const TRIGGER_INLINE_SUGGEST = 'editor.action.inlineSuggest.trigger';
+export const HIDE_INLINE_SUGGEST = 'editor.action.inlineSuggest.hide';
 /** The documents inline completions are given for (the language client's selector). */
 export const DOCUMENTS = [{ scheme: 'file' }, { scheme: 'untitled' }];
 /** Run by VS Code after an item is accepted (InlineCompletionItem.command), with the request's id. */
@@ -65,6 +66,8 @@ export class InlineCompletions {
     private shown = false;
     /** The suggestion last served: typed through, its rest is served until the revised one comes. */
     private lastShown: Shown | undefined;
+    /** The document's version when `lastShown` was served. */
+    private lastShownVersion: number | undefined;
     /** The language client's request, as the middleware last got it (the provider of `showAgain` sends it). */
     private next: ProvideInlineCompletions | undefined;
     /** The provider registered by the last `showAgain`. */
@@ -76,6 +79,10 @@ export class InlineCompletions {
         private readonly asUri: (uri: vscode.Uri) => string,
         private readonly extensionId: string,
         private readonly now: () => number = () => Date.now(),
+        /** Told each answer given to VS Code, with the document as it is then (the test hook of testHook.ts). */
+        private readonly observe?: (
+            document: vscode.TextDocument, position: vscode.Position, result: InlineResult, token: vscode.CancellationToken,
+        ) => void,
     ) {}
 
     /** The `provideInlineCompletionItems` middleware. Each kept draft re-triggers the inline
@@ -88,6 +95,18 @@ export class InlineCompletions {
         token: vscode.CancellationToken,
         next: ProvideInlineCompletions,
     ): Promise<InlineResult> => {
+        const result = await this.serve(document, position, context, token, next);
+        this.observe?.(document, position, result, token);
+        return result;
+    };
+
+    private async serve(
+        document: vscode.TextDocument,
+        position: vscode.Position,
+        context: vscode.InlineCompletionContext,
+        token: vscode.CancellationToken,
+        next: ProvideInlineCompletions,
+    ): Promise<InlineResult> {
         this.next = next;
         const key: Key = {
             uri: this.asUri(document.uri),
@@ -125,7 +144,7 @@ export class InlineCompletions {
         }
         const request = inFlight;
         return untilCancelled(request.answer, token).then((texts) => this.items(request, texts, position));
-    };
+    }
 
     /** The command of every item served: the request the accepted item came from is done, and is
      *  stopped so that none of its later drafts, nor its answer, shows again. */
@@ -189,11 +208,21 @@ export class InlineCompletions {
         this.setShown(false);
     }
 
-    /** Stops the request in flight unless the cursor of its document is still where it was sent. */
-    cursorMoved(uri: string, position: vscode.Position): void {
+    /** Stops the request in flight unless the cursor of its document is still where it was sent. A cursor
+     *  moved off the suggestion last shown without an edit (`version` is the document's, unchanged since
+     *  the suggestion was served) also takes the suggestion off the screen: VS Code keeps it, away from the
+     *  cursor, when it came while the editor had no focus (the go-to-line box open), and a partial accept
+     *  then inserts it there. Typing moves the cursor with a new version, and keeps it. */
+    cursorMoved(uri: string, position: vscode.Position, version?: number): void {
         const key = this.inFlight?.key;
         if (key !== undefined && key.uri === uri && (key.line !== position.line || key.character !== position.character)) {
             this.cancel();
+        }
+        const shown = this.lastShown;
+        if (shown !== undefined && shown.uri === uri && version !== undefined && version === this.lastShownVersion
+            && (shown.line !== position.line || shown.character !== position.character)) {
+            this.lastShown = undefined;
+            void vscode.commands.executeCommand(HIDE_INLINE_SUGGEST);
         }
     }
 
@@ -253,6 +282,7 @@ export class InlineCompletions {
             this.setShown(true);
             const { uri, line, character, lineText } = inFlight.key;
             this.lastShown = { uri, line, character, lineText, text: texts[0] };
+            this.lastShownVersion = inFlight.key.version;
         } else if (this.inFlight === inFlight) {
             this.lastShown = undefined; // the empty answer takes it off the screen: nothing to type through
         }

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { beforeEach, test } from 'node:test';
 import * as vscode from 'vscode';
 import { Draft } from '../src/drafts';
-import { ACCEPTED_COMMAND, InlineCompletions, ProvideInlineCompletions, SHOWN_CONTEXT, TRIGGER_INLINE_SUGGEST } from '../src/inline';
+import { ACCEPTED_COMMAND, HIDE_INLINE_SUGGEST, InlineCompletions, ProvideInlineCompletions, SHOWN_CONTEXT, TRIGGER_INLINE_SUGGEST } from '../src/inline';
 import * as mock from './vscode-mock';
 
 const URI = 'file:///work/a.py';
@@ -188,6 +188,21 @@ test('moving the cursor away or editing the document cancels the request', () =>
     assert.equal(sent[1].token.isCancellationRequested, false);
     inline.cancel(URI);
     assert.equal(sent[1].token.isCancellationRequested, true);
+});
+
+test('a cursor moved off the suggestion shown without an edit takes it off the screen; typing does not', async () => {
+    const { next, sent } = server();
+    const { inline } = inlineCompletions();
+    const waiting = inline.provide(document, cursor, context, call(), next);
+    sent[0].answer([new mock.InlineCompletionItem('return x') as vscode.InlineCompletionItem]);
+    assert.deepEqual(texts(await waiting), ['return x']);
+    const hides = () => mock.recorded.commands.filter((c) => c.command === HIDE_INLINE_SUGGEST).length;
+    inline.cursorMoved(URI, cursor, 3);
+    assert.equal(hides(), 0, 'the cursor where the suggestion is');
+    inline.cursorMoved(URI, new mock.Position(1, 5) as vscode.Position, 4);
+    assert.equal(hides(), 0, 'typed: a new version');
+    inline.cursorMoved(URI, new mock.Position(1, 0) as vscode.Position, 3);
+    assert.equal(hides(), 1, 'moved with no edit');
 });
 
 test('an empty answer is not kept: the next call asks again', async () => {

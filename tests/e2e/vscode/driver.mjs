@@ -54,6 +54,8 @@ const ops = {
                 '--disable-sync', '--no-first-run', '--disable-dev-shm-usage'],
         });
         page = await browser.newPage({ viewport: { width, height } });
+        // Paste reads the system clipboard, which a page may write only with this permission.
+        await page.context().grantPermissions(['clipboard-read', 'clipboard-write']);
         // The page's own errors go to the driver's log (stderr), for a failing test to be read by.
         page.on('pageerror', (error) => process.stderr.write(`page error: ${error.stack ?? error}\n`));
         page.on('console', (message) => {
@@ -76,6 +78,28 @@ const ops = {
         return true;
     },
     ghost: () => page.evaluate(readGhost),
+    /** Where the ghost text is drawn against the cursor of the active editor, in pixels: the inline part's
+     *  first span and the view zone's first line (each null when none shows), the cursor's box, and the
+     *  height of a line. */
+    ghostPlace: () => page.evaluate(() => {
+        const editor = document.querySelector('.editor-instance .monaco-editor.focused')
+            ?? document.querySelector('.editor-instance .monaco-editor');
+        const box = (node) => {
+            if (node === null || node === undefined) {
+                return null;
+            }
+            const r = node.getBoundingClientRect();
+            return { left: r.left, top: r.top, width: r.width, height: r.height };
+        };
+        const inline = [...(editor?.querySelectorAll('.view-lines [class*="ghost-text-decoration"]') ?? [])]
+            .find((span) => span.textContent !== '');
+        return {
+            inline: box(inline),
+            below: box(editor?.querySelector('.ghost-text .view-line, .ghost-text-view-zone .view-line')),
+            cursor: box(editor?.querySelector('.cursors-layer .cursor')),
+            lineHeight: box(editor?.querySelector('.view-lines .view-line'))?.height ?? null,
+        };
+    }),
     async recordGhost() {
         await page.evaluate(`(${recordGhost.toString()})(${readGhost.toString()})`);
         return true;
@@ -92,6 +116,19 @@ const ops = {
             buttons: [...n.querySelectorAll('.monaco-button')].map((b) => b.innerText),
             progress: n.querySelector('.monaco-progress-container.active') !== null,
         }))),
+    /** The toasts on screen with their severity (error, warning, info), as the icon beside each says. */
+    toasts: () => page.$$eval('.notifications-toasts .notification-list-item', (nodes) => nodes.map((n) => {
+        const icon = n.querySelector('.notification-list-item-icon')?.className ?? '';
+        const severity = ['error', 'warning', 'info'].find((s) => icon.includes(`codicon-${s}`)) ?? '';
+        return { message: n.querySelector('.notification-list-item-message')?.innerText ?? '', severity };
+    })),
+    /** Puts `text` on the clipboard and presses `key`, bound to VS Code's paste (headless Chromium makes
+     *  no paste event of Ctrl+V). */
+    async paste({ text, key }) {
+        await page.evaluate((t) => navigator.clipboard.writeText(t), text);
+        await page.keyboard.press(key);
+        return true;
+    },
     /** The messages in the notification center (the bell), newest first, as a user opening it sees them. */
     async notificationCenter() {
         await ops.command({ title: 'Notifications: Show Notifications' });
@@ -131,7 +168,9 @@ const ops = {
         const input = page.locator('.quick-input-widget input');
         await input.waitFor({ state: 'visible' });
         await input.fill(name);
-        const row = page.locator('.quick-input-list .monaco-list-row', { hasText: name }).first();
+        // The list filters after the input changed: until then the recent files' list, where the file may
+        // show but not first, is on screen, and Enter would open the first of it.
+        const row = page.locator('.quick-input-list .monaco-list-row.focused', { hasText: name }).first();
         await row.waitFor({ state: 'visible' });
         await input.press('Enter');
         await page.locator('.tab.active', { hasText: name }).waitFor({ state: 'visible' });
