@@ -1,6 +1,7 @@
-"""The CPU kernels (llada_lsp/kernels/cpu.py, numba) against the torch code they stand in for, and the flat
-CPU layer (llada2.CPULayer) against the modules: the same routing, grouping and sums, norms and rotations
-within float32 rounding, the same tokens and steps from the engine; and the switch that chooses them."""
+"""The CPU kernels (llada_lsp/kernels/cpu.py, numba) against the torch code they stand in for, and the CPU
+runner (model/cpu_runner.py) against the modules: the same routing, grouping and sums, norms and rotations
+within float32 rounding, the same tokens and steps from the engine; the switch that chooses them; and
+each rung of the kernel backend (kernel_backend.py) forced, with what the log and the status say."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from llada_lsp import kernel_backend as backend
 from llada_lsp.kernels import cpu
-from llada_lsp.model import LLaDA2Config, llada2
+from llada_lsp.model import LLaDA2Config, cpu_runner, llada2
 from llada_lsp.model.llada2 import apply_rope, rms_norm, rope_cos_sin
 
 pytestmark = pytest.mark.skipif(cpu.numba is None, reason="numba is not installed: the torch path runs alone")
@@ -38,14 +40,13 @@ def small_model(config: LLaDA2Config, seed: int = 0) -> llada2.LLaDA2:
         for layer in model.model.layers:
             if hasattr(layer.mlp, "gate"):
                 layer.mlp.gate.expert_bias.normal_(0.0, 0.05)
-    llada2.cpu_layout(model)
+    cpu_runner.prepare(model)
     return model
 
 
 def modules_only(model: llada2.LLaDA2) -> llada2.LLaDA2:
     plain = copy.deepcopy(model)
-    for layer in plain.model.layers:
-        layer.fused = None
+    plain.runner = None
     return plain
 
 
@@ -188,16 +189,15 @@ def test_silu_mul_is_torchs_within_rounding():
 
 @pytest.mark.parametrize("shared", [1, 0])
 def test_flat_layers_are_the_modules(shared):
-    """The whole forward with cpu_layout's flat layers against the modules' path, without a cache, with a
+    """The whole forward with the CPU runner's flat layers against the modules' path, without a cache, with a
     contiguous one (prefill, then a block), and through the engine (its paged cache): logits within
     float32 rounding, the same tokens and steps."""
     from llada_lsp.engine import Engine
 
     model = small_model(small_config(num_shared_experts=shared))
     plain = modules_only(model)
-    assert all(layer.fused is not None for layer in model.model.layers)
-    with torch.no_grad():
-        assert (model.model.layers[1].mlp.joint_weights() is not None) == bool(shared)  # the shared expert joined
+    assert model.runner is not None and plain.runner is None
+    assert model.runner.layers[1].weights.gate_up.shape[0] == 8 + shared  # the shared expert joined as a group
     ids = torch.randint(2, 160, (2, 40), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         torch.testing.assert_close(model(ids), plain(ids), rtol=1e-4, atol=1e-4)
@@ -214,26 +214,37 @@ def test_flat_layers_are_the_modules(shared):
         assert (got.tokens, got.steps) == (want.tokens, want.steps)
 
 
-def test_flat_layers_follow_the_weights():
-    """The flat layers hold the parameters themselves: values loaded in place and a parameter's `.data`
-    replaced (its shared gate/up storage then no longer used) are seen."""
+def test_the_runner_follows_the_weights_or_refuses_loudly():
+    """Values loaded in place are seen; `.to()` and `load_state_dict` rebuild the runner (or drop it, where
+    the model no longer qualifies); a parameter's `.data` replaced by hand is refused at the next forward
+    (never run through stale arrays, never a silent switch to the modules) until `prepare` runs again."""
     model = small_model(small_config())
     other = small_model(small_config(), seed=1)
     model.load_state_dict(other.state_dict())
     ids = torch.randint(2, 160, (1, 32), generator=torch.Generator().manual_seed(0))
-    want = modules_only(other)
     with torch.inference_mode():
-        torch.testing.assert_close(model(ids), want(ids), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(model(ids), modules_only(other)(ids), rtol=1e-4, atol=1e-4)
     experts = model.model.layers[1].mlp.experts
     with torch.no_grad():
-        assert model.model.layers[1].mlp.joint_weights() is not None
         experts.w_up.data = experts.w_up.data * 2.0
-        assert model.model.layers[1].mlp.joint_weights() is None  # no longer the parameters' storage
-    model.model.layers[0].mlp.up_proj.weight.data = model.model.layers[0].mlp.up_proj.weight.data.contiguous()
-    want = modules_only(model)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="prepare"):
+        model(ids)
+    cpu_runner.prepare(model)
     with torch.inference_mode():
-        torch.testing.assert_close(model(ids), want(ids), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(model(ids), modules_only(model)(ids), rtol=1e-4, atol=1e-4)
         assert not torch.allclose(model(ids), modules_only(other)(ids), rtol=1e-3, atol=1e-3)  # the change is seen
+    runner = model.runner
+    with torch.inference_mode():
+        before = model(ids)
+    model.to(torch.float32)  # an _apply: rebuilt from the (same) storage
+    assert model.runner is not None and model.runner is not runner
+    model.to(torch.float64)  # no longer the runner's: dropped, the modules run
+    assert model.runner is None
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).float(), before, rtol=1e-4, atol=1e-4)  # the modules, in float64
+    model.to(torch.float32)
+    assert model.runner is None  # (dropped stays dropped until prepare: nothing to rebuild from)
+    assert cpu_runner.prepare(model) is not None
 
 
 def test_the_switch():
@@ -243,38 +254,71 @@ def test_the_switch():
         assert not cpu.enabled(x.double())
     assert not cpu.enabled(x)  # autograd records here: training's forward keeps the modules
     with torch.inference_mode(), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpu, "ON", False)  # LLADA_LSP_KERNELS=0 at start
+        mp.setattr(backend, "_current", backend.Backend(False, "none", False, "forced"))
         assert not cpu.enabled(x)
+    routed_per_block = small_model(
+        small_config(block_size=32, expert_capacity=4, delete_token_id=150, split_token_id=151)
+    )
+    assert routed_per_block.runner is None  # LLaDA2.2: the modules
+
+
+def run_logged(code: str, **env) -> tuple[dict, str]:
+    """`code` in a fresh process with INFO logging on stderr and `env`; returns (what it prints as JSON
+    on its last line, its stderr)."""
+    import json
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "LLADA_LSP_KERNELS": "0"}
-    check = ("import sys, torch; from llada_lsp.kernels import cpu, cpu_step; from llada_lsp.model import load_model; "
-             "m = load_model(None); assert not cpu.ON and not cpu_step.host_enabled(torch.ones(1)); "
-             "assert m.model.layers[0].fused is None and 'numba' not in sys.modules")  # fmt: skip
-    subprocess.run([sys.executable, "-c", check], env=env, check=True)  # the variable, read when the process starts
-    routed_per_block = small_model(
-        small_config(block_size=32, expert_capacity=4, delete_token_id=150, split_token_id=151)
-    )
-    assert all(layer.fused is None for layer in routed_per_block.model.layers)  # LLaDA2.2: the modules
+    script = "import logging, json, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr)\n" + code
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
-def test_no_blas_routine_means_the_modules(monkeypatch):
-    """A torch build whose library carries no sgemm (cpu.GEMM None) gets no flat layers: the model
-    answers through its modules, with the same tokens."""
-    from llada_lsp.engine import Engine
+LOAD = ("import torch; from llada_lsp import kernel_backend as b; from llada_lsp.model import load_model\n"
+        "m = load_model(None, device='cpu', dtype=torch.float32)\n")  # fmt: skip
 
-    monkeypatch.setattr(cpu, "GEMM", None)
-    plain = small_model(small_config())
-    assert all(layer.fused is None for layer in plain.model.layers)
-    monkeypatch.undo()
-    flat = small_model(small_config())
-    assert all(layer.fused is not None for layer in flat.model.layers)
-    prompt = list(range(2, 72))
-    got = Engine(plain).generation(prompt_ids=prompt, gen_length=32, policy="speed").run()
-    want = Engine(flat).generation(prompt_ids=prompt, gen_length=32, policy="speed").run()
-    assert (got.tokens, got.steps) == (want.tokens, want.steps)
+
+def test_rung_kernels_off_by_the_variable():
+    """LLADA_LSP_KERNELS=0 when the process starts: numba never imported, no runner, the engine's torch
+    step; the log's one line and the status say why."""
+    status, log = run_logged(LOAD + "assert 'numba' not in sys.modules\n"
+                             "print(json.dumps({**b.current().as_dict(), 'runner': m.runner is not None}))",
+                             LLADA_LSP_KERNELS="0")  # fmt: skip
+    assert status["cpu"] is False and status["gemm"] == "none" and status["runner"] is False
+    assert status["why"] == "LLADA_LSP_KERNELS=0"
+    assert f"kernels: {status['line']}" in log and "CPU torch ops (no kernels)" in log
+
+
+def test_rung_portable_gemm_where_torch_has_no_sgemm():
+    """No sgemm in torch's library (forced here with LLADA_LSP_GEMM=portable, as a machine without MKL
+    would decide): the same runner and step kernels with the portable GEMM, the log and the status say
+    so, and the engine answers with the same steps and tokens as the exact GEMM's."""
+    code = LOAD + ("from llada_lsp.engine import Engine\n"
+                   "r = Engine(m).generation(prompt_ids=list(range(10, 200)), gen_length=40, policy='speed').run()\n"
+                   "print(json.dumps({**b.current().as_dict(), 'runner': m.runner is not None, 'steps': r.steps, "
+                   "'tokens': r.tokens}))")  # fmt: skip
+    portable, log = run_logged(code, LLADA_LSP_GEMM="portable")
+    exact, exact_log = run_logged(code)
+    assert portable["cpu"] and portable["gemm"] == "portable" and not portable["exact"] and portable["runner"]
+    assert "portable GEMM" in portable["line"] and f"kernels: {portable['line']}" in log
+    assert exact["gemm"] == "torch" and exact["exact"] and "torch's sgemm, exact" in exact_log
+    assert (portable["steps"], portable["tokens"]) == (exact["steps"], exact["tokens"])
+
+
+def test_rung_portable_gemm_is_torchs_product_within_rounding():
+    """The portable GEMM (numba loops) against torch's matmul, every operand layout the kernels pass."""
+    gen = torch.Generator().manual_seed(0)
+    for M, K, N in ((1, 64, 48), (32, 256, 1536), (7, 33, 5)):
+        a, b = torch.randn(M, K, generator=gen), torch.randn(K, N, generator=gen)
+        for bb in (b, b.T.contiguous().T):
+            for beta in (0.0, 1.0):
+                c = torch.randn(M, N, generator=gen)
+                want = a @ bb + (c if beta else 0)
+                cpu._gemm(None, a.numpy(), bb.numpy(), c.numpy(), beta)
+                torch.testing.assert_close(c, want, rtol=1e-5, atol=1e-4)
 
 
 def test_loading_compiles_what_a_step_runs():
@@ -308,17 +352,19 @@ def test_a_slow_warm_up_says_it_is_compiling(monkeypatch, caplog):
 def test_kernels_that_do_not_compile_leave_the_torch_path(monkeypatch, caplog):
     """A numba failure while the model loads (a broken toolchain or cache) is no failed load: the
     switch turns off, the log says why once, and the model answers through its modules."""
-    from llada_lsp.engine import Engine
-    from llada_lsp.kernels import cpu_step
+    from llada_lsp.engine import Engine, cpu_step
     from llada_lsp.model import load_model
 
     def broken(*args):
         raise RuntimeError("LLVM said no\nmore lines")
 
-    monkeypatch.setattr(cpu, "ON", True)
+    monkeypatch.setattr(backend, "_current", backend.decide())
     monkeypatch.setattr(cpu, "_rms_norm", broken)
     model = load_model(None, device="cpu", dtype=torch.float32)
-    assert not cpu.ON and "LLVM said no" in caplog.text
+    status = backend.current().as_dict()
+    assert not status["cpu"] and status["gemm"] == "none" and model.runner is None
+    assert "LLVM said no" in status["why"] and "more lines" not in status["why"]
+    assert f"kernels: {status['line']}" in caplog.text
     with torch.inference_mode():
         assert not cpu.enabled(torch.ones(1)) and not cpu_step.host_enabled(torch.ones(1))
     got = Engine(model).generation(prompt_ids=list(range(10, 120)), gen_length=32, policy="speed").run()
