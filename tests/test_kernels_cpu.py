@@ -72,7 +72,7 @@ def test_attend_is_the_projection_norm_rope_and_the_paged_update(per_row):
     gen = torch.Generator().manual_seed(1)
     B, T, H, K, D, R, S, C = 2, 5, 4, 2, 16, 8, 12, 24
     normed = torch.randn(B * T, C, generator=gen)
-    w_qkv = torch.randn(C, (H + 2 * K) * D, generator=gen)  # cpu_layout's [in, out]
+    w_qkv = torch.randn(C, (H + 2 * K) * D, generator=gen)  # cpu_runner.layout's [in, out]
     wq, wk = torch.randn(D, generator=gen), torch.randn(D, generator=gen)
     positions = torch.arange(7, 7 + T) if not per_row else torch.stack([torch.arange(3, 3 + T), torch.arange(9, 9 + T)])
     cos, sin = rope_cos_sin(positions, R, 10000.0, torch.float32)
@@ -164,7 +164,7 @@ def test_gemm_is_torchs_own():
 
     gen = torch.Generator().manual_seed(4)
     x, residual = torch.randn(37, 64, generator=gen), torch.randn(37, 48, generator=gen)
-    weight = torch.randn(64, 48, generator=gen)  # cpu_layout's [in, out]
+    weight = torch.randn(64, 48, generator=gen)  # cpu_runner.layout's [in, out]
     router = torch.randn(48, 64, generator=gen)  # [out, in], as Router keeps it
     with torch.inference_mode():
         same(cpu.gemm(x.numpy(), weight.numpy()), F.linear(x, weight.T))
@@ -178,13 +178,46 @@ def test_gemm_is_torchs_own():
             cpu.gemm(x.numpy()[:, ::2], weight.numpy()[::2])
 
 
-def test_silu_mul_is_torchs_within_rounding():
-    gen = torch.Generator().manual_seed(5)
-    gate = torch.cat([torch.randn(40, 24, generator=gen) * 4, torch.tensor([[0.0, -0.0, 100.0, -100.0, 89.0, -89.0,
-                      1e-30, -1e-30] * 3])])  # fmt: skip
-    up = torch.randn(gate.shape, generator=gen)
+def silu_inputs(gen, rows: int, I: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """gate, up [rows + 1, I]: normal values at several scales, then a row of edge cases (zeros, the
+    exponential's cut-offs at -104 and 100 and past them, tiny, infinite, NaN)."""
+    edges = [0.0, -0.0, 100.0, -100.0, 104.5, -104.5, 89.0, -89.0, 1e-30, -1e-30, 1e30, float("inf"), -float("inf"),
+             float("nan"), 17.3, -0.5]  # fmt: skip
+    scales = torch.tensor([0.3, 1.0, 4.0, 30.0]).repeat_interleave(-(-rows // 4))[:rows, None]
+    gate = torch.cat([torch.randn(rows, I, generator=gen) * scales, torch.tensor([edges * (I // 16 + 1)])[:, :I]])
+    return gate, torch.randn(gate.shape, generator=gen)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a == b) | (a.isnan() & b.isnan())
+
+
+@pytest.mark.parametrize("I", [192, 768, 512, 64])  # the embedded model's widths, LLaDA2's, a small one
+def test_silu_mul_is_torchs_bit_for_bit(I):
+    """torch's SiLU, x / (1 + exp(-x)) with SLEEF's expf_u10 (FMA) in its vector loop, reproduced step for
+    step: where the width is a multiple of torch's vector (16 floats on AVX-512, 8 on AVX2: every shipped
+    model) every value is torch's to the bit, so the kernels and torch make the same decisions."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("torch's SiLU here is not SLEEF's FMA expf_u10 (no AVX2): the kernel is within 2 ulp of it")
+    gate, up = silu_inputs(torch.Generator().manual_seed(I), 63, I)
     got = torch.from_numpy(cpu._silu_mul(torch.cat([gate, up], dim=1).numpy()))
-    torch.testing.assert_close(got, F.silu(gate) * up, rtol=1e-6, atol=1e-30)
+    want = F.silu(gate) * up
+    assert same_bits(got, want).all(), (~same_bits(got, want)).sum()
+
+
+def test_silu_mul_is_torchs_within_rounding_in_a_rows_tail():
+    """A width that is not a multiple of the vector: torch runs its last I mod 16 of a row through its
+    scalar loop (glibc's expf), which the kernel does not follow; there a few values differ in the last bit
+    (measured: about 4% of those tail values; none before the tail)."""
+    gen = torch.Generator().manual_seed(5)
+    gate, up = silu_inputs(gen, 400, 24)
+    got = torch.from_numpy(cpu._silu_mul(torch.cat([gate, up], dim=1).numpy()))
+    want = F.silu(gate) * up
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-30, equal_nan=True)
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":
+        assert same_bits(got[:, :16], want[:, :16]).all()  # the vector part: bit for bit
+        differ = (~same_bits(got[:, 16:], want[:, 16:])).float().mean().item()
+        assert differ < 0.10, differ  # the tail: rounding only, a few in a hundred
 
 
 @pytest.mark.parametrize("shared", [1, 0])
@@ -322,7 +355,7 @@ def test_rung_portable_gemm_is_torchs_product_within_rounding():
 
 
 def test_loading_compiles_what_a_step_runs():
-    """cpu_layout's warm-up compiles every kernel for the types a step passes: a generation afterwards
+    """cpu_runner.prepare's warm-up compiles every kernel for the types a step passes: a generation afterwards
     compiles nothing more (a first answer would otherwise wait seconds for numba)."""
     from llada_lsp.engine import Engine
     from llada_lsp.model import load_model

@@ -10,7 +10,7 @@ routing, the experts' grouped GEMMs with SwiGLU, the weighted sum, the next laye
 `enabled(x)` is the one switch: float32 CPU tensors under no_grad / inference_mode (the engine's),
 not under torch.compile, where the backend (kernel_backend.py, decided once) runs the CPU kernels. Everywhere
 else the model's torch path runs. The step rule's exponentials stay in torch (its confidence must be the reference's to
-the bit); SiLU's runs here as Cephes' polynomial in loops LLVM vectorises, within 2 ulp of torch's.
+the bit); SiLU's runs here as torch's own (SLEEF's expf_u10 by fused multiply-adds), bit for bit.
 Knows nothing of modules, checkpoints or decoding policy.
 """
 
@@ -352,29 +352,82 @@ def _combine(y, token_of, w_sorted, shared, residual):
     return out
 
 
+def _intrinsics():
+    """Three float32 LLVM operations numba kernels call as functions: `fma(a, b, c)` (a * b + c rounded
+    once: vfmadd), `rint(x)` (to nearest, ties to even) and `as_float(bits)` (an int32's bits as a
+    float32); each one instruction where the CPU has it, vectorised with the loop around it."""
+    if numba is None:  # pragma: no cover
+        return None, None, None
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    f32 = types.float32
+
+    def _declared(builder, name: str, n: int):
+        return cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.FloatType(), [ir.FloatType()] * n), name
+        )
+
+    @intrinsic
+    def fma(typingctx, a, b, c):
+        def codegen(context, builder, sig, args):
+            return builder.call(_declared(builder, "llvm.fma.f32", 3), args)
+
+        return f32(f32, f32, f32), codegen
+
+    @intrinsic
+    def rint(typingctx, x):
+        def codegen(context, builder, sig, args):
+            return builder.call(_declared(builder, "llvm.rint.f32", 1), args)
+
+        return f32(f32), codegen
+
+    @intrinsic
+    def as_float(typingctx, bits):
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(args[0], ir.FloatType())
+
+        return f32(types.int32), codegen
+
+    return fma, rint, as_float
+
+
+_fma, _rint, _as_float = _intrinsics()
+
+
 @jit
 def _silu_mul(gate_up):
-    """F.silu(gate) * up for gate_up [n, 2I] (gate, then up), float32: torch's numbers within 2 ulp (its
-    exp, Cephes' polynomial here, differs from torch's in the last bit of about 1 value in 200)."""
+    """F.silu(gate) * up for gate_up [n, 2I] (gate, then up), float32, bit for bit torch's: torch's CPU SiLU
+    is x / (1 + exp(-x)) with SLEEF's expf_u10 (ATen's Vectorized<float>::exp, with FMA on AVX2 and
+    AVX-512), which this follows step for step (round, two-part ln 2 reduction, the degree-5 polynomial
+    by fused multiply-adds, the two-factor ldexp, the range cut-offs). Where torch runs another exp (a
+    build without FMA, the scalar tail of a row shorter than a vector, aarch64), the two may differ in
+    the last bit of a few values (tests/test_kernels_cpu.py measures it here)."""
     n, I = gate_up.shape[0], gate_up.shape[1] // 2
     out = np.empty((n, I), np.float32)
-    poly, bits = np.empty(I, np.float32), np.empty(I, np.int32)
-    scale = bits.view(np.float32)
+    ex = np.empty(I, np.float32)  # exp(-gate) of one row: the loops apart, so that each vectorises
     for r in range(n):
-        for i in range(I):  # exp(-gate) = 2^k * p(x - k ln 2): Cephes' expf, in loops the compiler vectorises
-            x = min(max(-gate_up[r, i], np.float32(-87.0)), np.float32(88.0))
-            k = np.floor(x * np.float32(1.44269504088896341) + np.float32(0.5))
-            x = x - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)
-            p = np.float32(1.9875691500e-4)
-            p = p * x + np.float32(1.3981999507e-3)
-            p = p * x + np.float32(8.3334519073e-3)
-            p = p * x + np.float32(4.1665795894e-2)
-            p = p * x + np.float32(1.6666665459e-1)
-            p = p * x + np.float32(5.0000001201e-1)
-            poly[i] = p * x * x + x + np.float32(1.0)
-            bits[i] = (np.int32(k) + np.int32(127)) << 23  # 2^k, its float32 bits
+        row = gate_up[r]
         for i in range(I):
-            out[r, i] = gate_up[r, i] / (np.float32(1.0) + poly[i] * scale[i]) * gate_up[r, I + i]
+            d = -row[i]
+            q = _rint(min(max(d, np.float32(-105.0)), np.float32(101.0)) * np.float32(1.442695040888963407359924681))
+            s = _fma(q, np.float32(-0.693145751953125), d)
+            s = _fma(q, np.float32(-1.428606765330187045e-06), s)
+            u = np.float32(0.000198527617612853646278381)
+            u = _fma(u, s, np.float32(0.00139304355252534151077271))
+            u = _fma(u, s, np.float32(0.00833336077630519866943359))
+            u = _fma(u, s, np.float32(0.0416664853692054748535156))
+            u = _fma(u, s, np.float32(0.166666671633720397949219))
+            u = _fma(u, s, np.float32(0.5))
+            u = np.float32(1.0) + _fma(s * s, u, s)
+            k = np.int32(q)
+            h = k >> 1
+            u = u * _as_float((h + np.int32(127)) << 23) * _as_float((k - h + np.int32(127)) << 23)
+            u = np.float32(0.0) if d < np.float32(-104.0) else u
+            ex[i] = np.float32(np.inf) if d > np.float32(100.0) else u
+        for i in range(I):
+            out[r, i] = row[i] / (np.float32(1.0) + ex[i]) * row[I + i]
     return out
 
 
@@ -450,7 +503,7 @@ COMPILING = "compiling the CPU kernels: once on this machine, seconds (numba kee
 
 
 def warm_up(run) -> None:
-    """Calls `run` under inference_mode: work that calls kernels with the types a step passes (cpu_layout's
+    """Calls `run` under inference_mode: work that calls kernels with the types a step passes (cpu_runner.prepare's
     one-token forward of the model; cpu_step.warm_up's tiny step). The first process on a machine compiles
     them (seconds; numba caches the result on disk), later ones load them, so the cost falls in a load (a
     server is still "loading" then), not in a first answer. A load that compiles says so while it waits

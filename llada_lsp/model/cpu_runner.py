@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernel_backend as backend
+from .. import kernels
 from ..kernels import cpu
 from .llada2 import MLP, DecoderLayer, Experts, KVView, LLaDA2, SparseMoE, stored_gate_up
 
@@ -147,8 +148,9 @@ class CPURunner:
         return None
 
     def runs(self, x: torch.Tensor) -> bool:
-        """Whether this forward is the runner's: float32 CPU activations, no autograd (cpu.enabled)."""
-        return cpu.enabled(x)
+        """Whether this forward is the runner's: float32 CPU activations, no autograd (cpu.enabled), and
+        not the Triton kernels' (their switch says yes on a CPU tensor only where a test forces it)."""
+        return cpu.enabled(x) and not kernels.enabled(x)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor | None, kv: KVView | None,
                 last_n: int | None) -> torch.Tensor | None:  # fmt: skip
