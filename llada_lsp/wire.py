@@ -236,6 +236,7 @@ class Status(Message):
     family: str | None = None
     decoding: str | None = None
     family_line: str | None = None
+    kernels: str | None = None  # the kernel backend this service runs the model with (kernel_backend.Backend.line)
 
 
 MESSAGES: dict[str, type[Message]] = {m.type: m for m in (Hello, Welcome, Infill, Rewrite, NextEdit, Cancel, Draft, Done,

@@ -1,7 +1,7 @@
 """The engine's CPU step outside the model's forward against the generic (device) path it replaces: the
 host-made slot tables and mask (cpu_step.paged_tables) equal device_tables'; the step rule's searches in
-numba (kernels/cpu_step.guesses) give the reference's tokens and bit-identical confidences; the packed
-decisions (cpu_step.packed_decisions) equal scheduler.packed_decisions' on batched rows with padding,
+numba (engine/cpu_step.guesses) give the reference's tokens and bit-identical confidences; the packed
+decisions (cpu_step.packed_decisions) equal policy.packed_decisions' on batched rows with padding,
 drafts checked ahead, ties in the fallback fill and NaN / inf logits; and the engine on the golden
 checkpoint makes the same drafts either way. LLaDA2.2's rows keep their own host rule."""
 
@@ -15,12 +15,12 @@ import torch
 
 from llada_lsp import Engine, load_model
 from llada_lsp.engine import cache as cache_module
-from llada_lsp.engine import policy
+from llada_lsp.engine import cpu_step, policy
 from llada_lsp.engine import scheduler as scheduler_module
 from llada_lsp.engine.cache import SCRATCH, all_visible, device_tables, paged_tables, row_descriptor
 from llada_lsp.engine.policy import _reference_guesses, step_guesses
-from llada_lsp.engine.scheduler import CONFIDENCE_SCALE, packed_decisions
-from llada_lsp.kernels import cpu, cpu_step
+from llada_lsp.engine.step_layout import FROZEN, MASK, OUTSIDE, Ints
+from llada_lsp.kernels import cpu
 
 pytestmark = pytest.mark.skipif(cpu.numba is None, reason="numba is not installed: the CPU kernels do not run")
 
@@ -154,18 +154,18 @@ def step_inputs(rng: random.Random, gen: torch.Generator, B: int, D: int, V: int
         mask = rng.choice([M, M + 2, V - 1])  # the last id: a draft's mask outside the row wraps to 0
         outside = rng.choice([0, 0, 32]) if D > 32 else 0
         ids = [rng.choice([mask, mask, rng.randrange(V)]) for _ in range(width)]
-        ints.append(ids + [rng.randint(0, 32), mask, -1, outside, 0, width, 1])
+        ints.append(Ints.row(ids, width, rng.randint(0, 32), mask, -1, outside, [0, width, 1]))
         limits.append([rng.choice([0.5, 0.7, 0.95]), rng.choice([0.0, 0.5, 0.9, float("inf")])])
-    ints.append([0] * width + [D, M, -1, 0, 0, width, 0])  # a padding row: all frozen
+    ints.append(Ints.row([], width, D, M, -1, 0, [0, width, 0]))  # a padding row: all frozen
     limits.append([1.0, 1.0])
     logits = torch.randn(B, D, V, generator=gen) * scale
     return torch.tensor(ints), torch.tensor(limits, dtype=torch.float32), width, logits
 
 
 def same_decisions(ints, width: int, D: int, logits, limits, V: int) -> torch.Tensor:
-    want = packed_decisions(ints, width, D, logits, limits, V)  # grad on: the torch path all through
+    want = policy.packed_decisions(ints, Ints(width), D, logits, limits, V)  # grad on: the torch path all through
     with torch.inference_mode():
-        got = cpu_step.packed_decisions(ints, width, D, logits.clone(), limits, V, CONFIDENCE_SCALE)
+        got = cpu_step.packed_decisions(ints, Ints(width), D, logits.clone(), limits, V)
     assert got.dtype == want.dtype == torch.int64
     assert got.tolist() == want.tolist()
     return got
@@ -184,7 +184,7 @@ def test_a_tied_fallback_takes_topks_choice():
     """No mask above the threshold and the best masks tied exactly: the fill is the one torch.topk
     picks (its own order, not necessarily the first), on both paths."""
     V, D = 256, 32
-    ints = torch.tensor([[M] * D + [0, M, -1, 0, 0, D, 1]] * 2)
+    ints = torch.tensor([Ints.row([M] * D, D, 0, M, -1, 0, [0, D, 1])] * 2)
     limits = torch.tensor([[0.95, 0.0], [0.95, 0.0]])
     logits = torch.zeros(2, D, V)
     logits[0, [3, 17, 29], 7] = 1.0  # three positions tied at the best confidence
@@ -200,10 +200,10 @@ def test_a_confidence_at_a_threshold_is_not_above_it():
     rng, gen = random.Random(1), torch.Generator().manual_seed(1)
     V, D = 512, 32
     ints, limits, width, logits = step_inputs(rng, gen, 2, D, V, 3.0)
-    ints[0, width - D : width - D + 4] = ints[0, width + 1]  # masks at 0..3
+    ints[0, width - D : width - D + 4] = ints[0, width + MASK]  # masks at 0..3
     ints[0, width - D + 4 : width] = 9  # the rest a token the guesses differ from
-    ints[0, width] = 0  # no prompt position
-    conf, _ = step_guesses(logits, ints[:, width + 1])
+    ints[0, width + FROZEN] = 0  # no prompt position
+    conf, _ = step_guesses(logits, ints[:, width + MASK])
     limits[0] = torch.stack([conf[0, :4].sort().values[-2], conf[0, 4:].median()])
     got = same_decisions(ints, width, D, logits, limits, V)
     assert got[0, D : D + 4].sum() == 1  # only the mask above the second best
@@ -214,12 +214,12 @@ def test_non_finite_logits_fail_only_the_rows_own_positions():
     rng, gen = random.Random(0), torch.Generator().manual_seed(0)
     V, D = 512, 64
     ints, limits, width, logits = step_inputs(rng, gen, 4, D, V, 2.0)
-    ints[0, width + 3] = 32  # row 0 checks a draft: its first 32 decisions are not its own
-    ints[1:3, width + 3] = 0
+    ints[0, width + OUTSIDE] = 32  # row 0 checks a draft: its first 32 decisions are not its own
+    ints[1:3, width + OUTSIDE] = 0
     logits[0, 5, 11] = float("nan")  # outside row 0's own: never read, the row stays finite
     logits[1, 40, 3] = float("inf")  # inside row 1's own: the row fails
     logits[2, 7, :] = float("nan")  # a masked position's NaN confidence: the fallback's topk sees it
-    ints[2, width - D + 7] = ints[2, width + 1]
+    ints[2, width - D + 7] = ints[2, width + MASK]
     got = same_decisions(ints, width, D, logits, limits, V)
     assert got[0, 4 * D] == 1 and got[1, 4 * D] == 0 and got[2, 4 * D] == 0
 
@@ -236,7 +236,6 @@ def generic_path(monkeypatch) -> None:
     """The scheduler's CPU step made the device's: tables by torch ops, decisions and the rule's searches
     by torch (the model's own CPU kernels untouched)."""
     monkeypatch.setattr(scheduler_module, "paged_tables", cache_module.device_tables)
-    monkeypatch.setattr(scheduler_module, "cpu", SimpleNamespace(enabled=lambda x: False))
     monkeypatch.setattr(policy, "cpu", SimpleNamespace(enabled=lambda x: False))
 
 
@@ -286,7 +285,7 @@ def test_an_engine_started_on_the_cpu_compiles_nothing_in_its_first_answers(gold
     script = f"""
 import torch
 from llada_lsp import Engine, load_model
-from llada_lsp.kernels import cpu_step
+from llada_lsp.engine import cpu_step
 engine = Engine(load_model({str(golden_dir)!r}, device="cpu", dtype=torch.float32))
 kernels = {{k: v for k, v in vars(cpu_step).items() if hasattr(v, "signatures")}}
 before = {{k: len(v.signatures) for k, v in kernels.items()}}

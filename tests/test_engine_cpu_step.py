@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llada_lsp.model import llada2
+from llada_lsp.model import cpu_runner, llada2
 from llada_lsp.model.llada2 import RMSNorm, apply_rope, compute_dtype, rms_norm, rope_cos_sin
 
 
@@ -36,11 +36,11 @@ def test_rms_norm_is_the_composite_bit_for_bit(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_attention_norms_and_rotates_q_and_k_as_separate_heads_would(dtype, monkeypatch):
-    from llada_lsp.kernels import cpu
+    # the torch path, bit for bit (the numba kernel's numbers are held to it in tests/test_kernels_cpu.py)
+    from llada_lsp import kernel_backend
     from llada_lsp.model import LLaDA2Config
 
-    # the torch path, bit for bit (the numba kernel's numbers are held to it in tests/test_kernels_cpu.py)
-    monkeypatch.setattr(cpu, "ON", False)  # LLADA_LSP_KERNELS=0
+    monkeypatch.setattr(kernel_backend, "_current", kernel_backend.Backend(False, "none", False, "forced"))
     from llada_lsp.model.llada2 import Attention
 
     torch.manual_seed(0)
@@ -80,21 +80,20 @@ def test_rope_is_the_textbook_rotation(dtype):
 
 
 def plain_copy(model):
-    """The model as built, before cpu_layout: every weight contiguous, no fused storage."""
+    """The model as built, before cpu_runner.prepare: every weight contiguous, no shared storage, no runner."""
     import copy
 
     plain = copy.deepcopy(model)
     for module in plain.modules():
         if hasattr(module, "gate_up"):
             module.gate_up = None
-        if hasattr(module, "fused"):  # the modules' own path, not cpu_layout's flat layers
-            module.fused = None
     for p in plain.parameters():
         p.data = p.data.contiguous()
+    plain.runner = None  # the modules' own path
     return plain
 
 
-def test_cpu_layout_keeps_every_weight_and_every_decision():
+def test_the_cpu_layout_keeps_every_weight_and_every_decision():
     """The embedded model loads with the CPU layout: the same tensors (names, shapes, values), logits within
     float32 rounding of the plain layout's through the modules, and the same tokens and steps from the engine."""
     from llada_lsp.engine import Engine
@@ -119,7 +118,7 @@ def test_cpu_layout_keeps_every_weight_and_every_decision():
 
 
 def test_grouped_experts_are_the_per_expert_loop_bit_for_bit():
-    """After cpu_layout the sparse MoE runs two grouped GEMMs; the per-expert loop on the same weights gives
+    """After cpu_runner.layout the sparse MoE runs two grouped GEMMs; the per-expert loop on the same weights gives
     the same numbers, with experts that take no token, one token, or all of them."""
     if llada2.GROUPED_MM is None:
         pytest.skip("this torch has no grouped_mm: the loop is the only path")
@@ -129,7 +128,7 @@ def test_grouped_experts_are_the_per_expert_loop_bit_for_bit():
         torch.nn.init.normal_(w, std=0.05)
     model = torch.nn.Module()
     model.experts = experts
-    llada2.cpu_layout(model)
+    cpu_runner.layout(model)
     x = torch.randn(40, 256)
     routings = [torch.randint(0, 8, (40, 2)), torch.zeros(40, 2, dtype=torch.long), torch.arange(80).view(40, 2) % 3]
     for ids in routings:
@@ -143,26 +142,26 @@ def test_grouped_experts_are_the_per_expert_loop_bit_for_bit():
 
 
 def test_fused_weights_are_used_only_while_they_are_the_weights():
-    """cpu_layout's shared storage is read only while it is still the parameters' own: not after a `.to()`
+    """cpu_runner.layout's shared storage is read only while it is still the parameters' own: not after a `.to()`
     that made new tensors, not while a gradient must reach the parameters; a weight changed in place is seen."""
     torch.manual_seed(0)
     mlp = llada2.MLP(64, 96)
     holder = torch.nn.Module()
     holder.mlp = mlp
-    llada2.cpu_layout(holder)
+    cpu_runner.layout(holder)
     x = torch.randn(5, 64)
 
     def plain(m, x):
         return m.down_proj(F.silu(m.gate_proj(x)) * m.up_proj(x))
 
     with torch.no_grad():
-        assert llada2.fused_gate_up(mlp.gate_up, mlp.gate_proj.weight, mlp.up_proj.weight) is not None
+        assert llada2.stored_gate_up(mlp.gate_up, mlp.gate_proj.weight, mlp.up_proj.weight) is not None
         mlp.up_proj.weight.mul_(2.0)  # in place: the shared storage changes with it
         torch.testing.assert_close(mlp(x), plain(mlp, x), rtol=1e-6, atol=1e-6)
-    assert llada2.fused_gate_up(mlp.gate_up, mlp.gate_proj.weight, mlp.up_proj.weight) is None  # grad enabled
+    assert llada2.stored_gate_up(mlp.gate_up, mlp.gate_proj.weight, mlp.up_proj.weight) is None  # grad enabled
     wide = mlp.to(torch.float64)
     with torch.no_grad():
-        assert llada2.fused_gate_up(wide.gate_up, wide.gate_proj.weight, wide.up_proj.weight) is None
+        assert llada2.stored_gate_up(wide.gate_up, wide.gate_proj.weight, wide.up_proj.weight) is None
         assert torch.equal(wide(x.double()), plain(wide, x.double()))
 
 

@@ -212,6 +212,7 @@ async def test_the_editor_hears_the_service_go_and_come_back(tmp_path):
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert asked.returncode == 0 and "state: ready" in asked.stdout, asked.stderr
     assert "batches" not in asked.stdout, asked.stdout
+    assert "kernels: CPU " in asked.stdout, asked.stdout  # the service's kernel backend, in one line
     front = Front(socket)
     pushed: list = []
     messages: list = []

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import LLADA22_EDIT_IDS, make_llada22_checkpoint
 
+from llada_lsp import kernel_backend
 from llada_lsp.backends.base import load_codec
 from llada_lsp.commands import plan
 from llada_lsp.lsp_client import LspClient, edited, position
@@ -37,8 +38,10 @@ def llada22(tmp_path_factory) -> Path:
 
 def test_the_checkpoint_plans_as_llada22(llada22, capsys):
     assert plan.plan_main(["--model", str(llada22), "--device", "cpu", "--memory", "1TB"]) == 0
+    out = capsys.readouterr().out
     assert "family: LLaDA2.2: block routing (4 experts per 32-token block), decoding JointThresholdInDel " \
-           "(DELETE 8187, INSERT 8191, config)" in capsys.readouterr().out  # fmt: skip
+           "(DELETE 8187, INSERT 8191, config)" in out  # fmt: skip
+    assert f"kernels here: {kernel_backend.current().line()}" in out  # the backend this machine would run
 
 
 def test_the_server_serves_it_and_no_answer_holds_an_edit_token(llada22):
@@ -77,6 +80,7 @@ def test_the_server_serves_it_and_no_answer_holds_an_edit_token(llada22):
     status, inline, rewrite, next_edit, after, code = asyncio.run(session())
     assert code == 0
     assert (status["family"], status["decoding"]) == ("LLaDA2.2", "JointThresholdInDel")
+    assert status["kernels"] == kernel_backend.current().line()  # the server's own process decided the same
     items = inline["items"]
     assert items and items[0]["insertText"], "random weights answer at an empty return"
     assert rewrite["changed"] and rewrite["text"], rewrite  # the model's proposal, applied or refused

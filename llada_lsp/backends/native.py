@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
+from .. import kernel_backend
 from ..completion.generation import Draft, GenerationRequest, LoadedModel, ModelSpec, Result
 from ..errors import CheckpointError
 from ..runtime.worker import ModelWorker
@@ -122,7 +123,8 @@ def load(spec: ModelSpec, report: Report, cancelled: Callable[[], bool] | None =
     # ... and are not served work: `engine status` counts batches and cache hits from here.
     engine.scheduler.stats, engine.cache.stats = type(engine.scheduler.stats)(), type(engine.cache.stats)()
     return LoadedModel(spec, codec, model.config.max_position_embeddings, engine.block_size, NativeBatch(engine),
-                       bool(getattr(model.config, "next_edit_gap", 0)), model.config.family)  # fmt: skip
+                       bool(getattr(model.config, "next_edit_gap", 0)), model.config.family,
+                       kernel_backend.current().line())  # fmt: skip
 
 
 def start(loop: asyncio.AbstractEventLoop, log: Callable[[str], None]) -> ModelWorker:

@@ -44,7 +44,7 @@ Operand = tuple[int, ...] | torch.Tensor  # a shape (made at random), or the mod
 def gemms(model: LLaDA2, shape: StepShape) -> list[tuple[str, tuple[int, ...], Operand]]:
     """The step's matmuls as ("mm" | "bmm", a's shape, b): b is the model's own weight where the step
     multiplies one (read as the step reads it, so the floor pays the same memory traffic: [out, in]'s
-    transpose, which cpu_layout stores contiguous), else the shape [.., out, in] of the attention's keys
+    transpose, which cpu_runner.layout stores contiguous), else the shape [.., out, in] of the attention's keys
     or values. The routed experts' gate and up count as two GEMMs each, as the arithmetic is, though the
     step runs them as one grouped GEMM over all experts."""
     c = model.config
@@ -127,13 +127,15 @@ class StepRecorder:
         self.hooks = [model.register_forward_pre_hook(self._start, with_kwargs=True),
                       model.register_forward_hook(self._end)]  # fmt: skip
         self.moe = [layer for layer in model.model.layers if hasattr(layer.mlp, "gate")]
+        self.runner = model.runner  # the CPU runner's flat layers call no router module (model/cpu_runner.py)
         for layer in self.moe:
             self.hooks.append(layer.mlp.gate.register_forward_hook(lambda m, i, out: self._raw[-1][1].append(out[0])))
 
     def _end(self, model, args, out) -> None:
-        """A forward that ran cpu_layout's flat layers called no router module: their routing instead."""
-        if not self._raw[-1][1]:
-            self._raw[-1][1].extend(torch.from_numpy(layer.fused.expert_ids) for layer in self.moe if layer.fused)
+        """A forward that ran the CPU runner called no router module: its layers' routing instead."""
+        if not self._raw[-1][1] and self.runner is not None:
+            flat = self.runner.layers
+            self._raw[-1][1].extend(torch.from_numpy(flat[layer.attention.layer_idx].expert_ids) for layer in self.moe)
 
     def _start(self, model, args, kwargs) -> None:
         B, T = args[0].shape

@@ -123,7 +123,7 @@ def status_main(argv: list[str]) -> int:
         print(f"llada-lsp engine: {getattr(err, 'message', None) or f'no answer from {address}'}", file=sys.stderr)
         return 1
     lines = {"address": str(address), "model": status.model, "family": status.family_line,
-             "state": status.state, "error": status.error,
+             "state": status.state, "error": status.error, "kernels": status.kernels,
              "loading": f"{status.message} ({status.progress}%)" if status.progress is not None else None,
              "clients": max(0, (status.clients or 0) - 1), "queue": status.queue,
              "decoding": f"{status.running} running, {status.queued} waiting" if status.running is not None else None,

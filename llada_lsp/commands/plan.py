@@ -58,6 +58,9 @@ def plan_main(argv: list[str] | None = None) -> int:
         print(f"llada-lsp plan: {err}", file=sys.stderr)
         return 2
     print(render(plan))
+    from ..kernel_backend import current  # (no torch, no numba: it looks their files up)
+
+    print(f"kernels here: {current().line()}")
     if args.sglang:
         from ..backends.sglang_config import sglang_instructions
 

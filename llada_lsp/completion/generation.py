@@ -80,7 +80,8 @@ class LoadedModel:
     `edit_gap`: the model was tuned to fill a next edit's gap at the cursor (its config says
     `next_edit_gap`, as `llada-lab tune-next-edit` writes it); other models get drafts without one.
     `family`: model/family.Family (which LLaDA2 and its decoding rule); `edit_ids`: its (DELETE, INSERT)
-    where it edits drafts in place (LLaDA2.2), None for fixed positions."""
+    where it edits drafts in place (LLaDA2.2), None for fixed positions. `kernels`: the kernel backend's
+    line (kernel_backend.Backend.line) where this process runs the model; None where it runs elsewhere."""
 
     spec: Any  # a ModelSpec, or what a backend names its model with (str() is shown to users)
     codec: TextCodec
@@ -89,6 +90,7 @@ class LoadedModel:
     batch: Any = None
     edit_gap: bool = False
     family: Any = None
+    kernels: str | None = None
 
     @property
     def edit_ids(self) -> tuple[int, int] | None:
@@ -99,7 +101,7 @@ class LoadedModel:
         if self.family is None:
             return {}
         return {"family": self.family.name, "decoding": self.family.decoding_rule,
-                "family_line": self.family.describe()}  # fmt: skip
+                "family_line": self.family.describe(), **({"kernels": self.kernels} if self.kernels else {})}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..kernels import cpu_step
 from ..model import LLaDA2Config
+from . import cpu_step
 
 SCRATCH = 0  # page 0 is never handed out: padding queries write there, padding keys read from there
 

@@ -2,17 +2,23 @@
 
 Pure tensor functions over the active blocks of a batch, each row with its own thresholds; LLaDA2.2's
 Levenshtein rule (JointThresholdInDel) is a pure host function over each position's ranked candidates.
-The sequences, the cache and the model live in sequence.py, cache.py and scheduler.py.
+Both rules are `BlockRule`s (SGLang's DllmAlgorithm shape): a rule starts a block, says what the device
+step returns for it (`device_step`, `read`), steps it on the host and says when it closes; the sequence
+and the scheduler ask the rule and never which one it is. The sequences, the cache and the model live in
+sequence.py, cache.py and scheduler.py; the step's tensor layouts in step_layout.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
 from .. import kernels
-from ..kernels import cpu, cpu_step
+from ..kernels import cpu
+from . import cpu_step
+from .step_layout import CONFIDENCE_SCALE, EDITING, FROZEN, MASK, OUTSIDE, THRESHOLD, Candidates, Decisions, Ints
 
 
 def step_guesses(logits: torch.Tensor, mask_id: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,14 +140,114 @@ class StepUpdate:
     confidence: torch.Tensor | None = None  # the greedy token's probability; NaN where the logits were NaN or +inf
 
 
+@dataclass
+class BlockOutcome:
+    """One host step of a block rule on the active block (BlockRule.step)."""
+
+    tokens: list[int]  # the block after the step (its length kept)
+    filled: list[int]  # positions of the new block written over a mask (M2T)
+    edited: list[int]  # positions of the new block overwritten (T2T)
+    confidence: list[float]  # per position of the new block: its id's probability
+    changed: bool  # the step changed the block's ids
+    end: str | None = None  # the block closes with this end ("converged", "cleanup"); None: it stays open
+    overflow: list[int] = field(default_factory=list)  # ids an INSERT pushed past the block's end
+    padded: int = 0  # masks added at the block's end after DELETEs
+
+
+class BlockState(Protocol):
+    """A rule's state of one block, kept by its Sequence between steps."""
+
+    def counted_post_steps(self, end: str) -> int: ...  # BlockStats.mask_free_forwards when it closes with `end`
+
+    def drafted(self, at: int, n: int) -> None: ...  # positions [at, at + n) took a draft's ids (no masks)
+
+
+class BlockRule(Protocol):
+    """How a block is decoded, in SGLang's DllmAlgorithm shape: `start` a block; before each forward,
+    `before_forward` may close it; the device step returns `device_step`'s row per sequence, which `read`
+    turns into the row's own decisions on the host; `step_block` applies them and says whether the block
+    closes. JointThreshold and JointThresholdInDel are its implementations; a scheduler runs one kind
+    (`rule_for(config)`), each row with its own instance (its thresholds)."""
+
+    threshold: float
+    editing_threshold: float
+
+    def start(self, block: list[int], prompt_len: int, mask_id: int) -> BlockState: ...
+
+    def before_forward(self, state: BlockState, n_masked: int, max_post_steps: int) -> str | None: ...
+
+    def drafts_ahead(self, max_post_steps: int) -> bool: ...
+
+    @staticmethod
+    def device_step(logits: torch.Tensor, ints: torch.Tensor, layout: Ints, D: int, limits: torch.Tensor,
+                    vocab: int) -> torch.Tensor: ...  # fmt: skip
+
+    @staticmethod
+    def read(row: list[int], skip: int, D: int, vocab: int): ...
+
+    def step_block(self, state: BlockState, block: list[int], decided, settings) -> BlockOutcome: ...
+
+
+@dataclass
+class PostSteps:
+    """JointThreshold's block state: the mask-free forwards run so far (its post-step budget)."""
+
+    post: int = 0
+
+    def counted_post_steps(self, end: str) -> int:
+        return max(self.post - (end == "post_step_budget"), 0)  # the forward the budget refused did not run
+
+    def drafted(self, at: int, n: int) -> None:
+        pass
+
+
 @dataclass(frozen=True)
 class JointThreshold:
     """LLaDA2.1's rule: fill every mask whose confidence beats `threshold` (at least the single most
     confident one), and in the same step overwrite every earlier-filled token whose argmax differs and
-    beats `editing_threshold` (0.0: always follow the argmax). Prompt positions are never touched."""
+    beats `editing_threshold` (0.0: always follow the argmax). Prompt positions are never touched. A block
+    closes when a mask-free step changes nothing, or after `max_post_steps` mask-free forwards."""
 
     threshold: float = 0.5
     editing_threshold: float = 0.0
+
+    # --- BlockRule ---------------------------------------------------------------------------------
+    def start(self, block: list[int], prompt_len: int, mask_id: int) -> PostSteps:
+        return PostSteps()
+
+    def before_forward(self, state: PostSteps, n_masked: int, max_post_steps: int) -> str | None:
+        """A mask-free block's forward counts against the post-step budget; past it the block closes."""
+        if n_masked == 0:
+            state.post += 1
+            if state.post > max_post_steps:
+                return "post_step_budget"
+        return None
+
+    def drafts_ahead(self, max_post_steps: int) -> bool:
+        """A draft's next block may be decided ahead only where a mask-free step may run (a post step)."""
+        return max_post_steps >= 1
+
+    @staticmethod
+    def device_step(logits: torch.Tensor, ints: torch.Tensor, layout: Ints, D: int, limits: torch.Tensor,
+                    vocab: int) -> torch.Tensor:  # fmt: skip
+        """Decisions' rows [B, 4D + 1] for the last D queries: on the CPU in numba (cpu_step; the fused
+        Triton rule first where it runs), elsewhere `packed_decisions`."""
+        if cpu.enabled(logits) and not kernels.enabled(logits) and logits.is_contiguous():
+            return cpu_step.packed_decisions(ints, layout, D, logits, limits, vocab)
+        return packed_decisions(ints, layout, D, logits, limits, vocab)
+
+    @staticmethod
+    def read(row: list[int], skip: int, D: int, vocab: int):
+        return Decisions(D).unpack(row, skip)
+
+    def step_block(self, state: PostSteps, block: list[int], decided, settings) -> BlockOutcome:
+        """The device's decisions applied: the block closes when it was mask-free and nothing changed."""
+        tokens, filled, edited, confidence = decided
+        fills = [i for i, f in enumerate(filled) if f]
+        edits = [i for i, e in enumerate(edited) if e]
+        changed = bool(fills or edits)
+        end = "converged" if settings.mask_id not in block and not changed else None
+        return BlockOutcome(list(tokens), fills, edits, confidence, changed, end)
 
     def step(self, tokens: torch.Tensor, logits: torch.Tensor, frozen: torch.Tensor, mask_id: int) -> StepUpdate:
         """One block: tokens [N], logits [N, V], frozen [N] bool (prompt positions)."""
@@ -150,6 +256,24 @@ class JointThreshold:
             tokens[None], logits[None], frozen[None], ids, [self.threshold], [self.editing_threshold]
         )
         return StepUpdate(rows.tokens[0], rows.filled[0], rows.edited[0])
+
+
+def packed_decisions(ints: torch.Tensor, layout: Ints, D: int, logits: torch.Tensor, limits: torch.Tensor,
+                     vocab: int) -> torch.Tensor:  # fmt: skip
+    """The joint-threshold rule over the last D queries of each row -> Decisions' rows [B, 4D + 1] (`ints`
+    and `limits` in step_layout's layouts, logits [B, D, V]). Static shapes, no host read: the device's
+    path, and the reference of cpu_step.py's."""
+    frozen_n, mask_ids = layout.column(ints, FROZEN), layout.column(ints, MASK)  # [B] each
+    outside = layout.column(ints, OUTSIDE)
+    slot = torch.arange(D, device=ints.device)[None, :] - outside[:, None]  # [B, D]: < 0 outside the row's
+    frozen = (slot < 0) | (slot < frozen_n[:, None])  # and its prompt positions
+    tokens = layout.decided_ids(ints, D)
+    tokens = torch.where((slot < 0) & (tokens == mask_ids[:, None]), (mask_ids[:, None] + 1) % vocab, tokens)
+    update = joint_threshold(tokens, logits, frozen, mask_ids, limits[:, THRESHOLD], limits[:, EDITING])
+    # a NaN or +inf logit makes its softmax NaN (outside a row's decisions: padding, never read)
+    finite = (update.confidence.isfinite() | (slot < 0)).all(1, keepdim=True).long()
+    confidence = (update.confidence.nan_to_num(0.0).clamp(0.0, 1.0) * CONFIDENCE_SCALE).long()
+    return Decisions.pack(update.tokens, update.filled, update.edited, confidence, finite)
 
 
 PRESETS: dict[str, JointThreshold] = {
@@ -192,6 +316,44 @@ class JointThresholdInDel:
     threshold: float = 0.5
     editing_threshold: float = 0.0
 
+    # --- BlockRule ---------------------------------------------------------------------------------
+    def start(self, block: list[int], prompt_len: int, mask_id: int) -> InDelBlock:
+        return InDelBlock.start(block, prompt_len, mask_id)
+
+    def before_forward(self, state: InDelBlock, n_masked: int, max_post_steps: int) -> str | None:
+        return None  # the rule counts its post-edit steps in its own step (indel_step)
+
+    def drafts_ahead(self, max_post_steps: int) -> bool:
+        return True
+
+    @staticmethod
+    def device_step(logits: torch.Tensor, ints: torch.Tensor, layout: Ints, D: int, limits: torch.Tensor,
+                    vocab: int) -> torch.Tensor:  # fmt: skip
+        """Candidates' rows: each position's ranked ids and their probabilities; the rule runs on the host."""
+        cand_ids, cand_p = indel_candidates(logits, min(INDEL_CANDIDATES, vocab))  # [B, D, K] each
+        theirs = torch.arange(D, device=ints.device)[None, :] >= layout.column(ints, OUTSIDE)[:, None]  # [B, D]
+        finite = (cand_p[..., 0].isfinite() | ~theirs).all(1, keepdim=True).long()
+        return Candidates.pack(cand_ids, cand_p, finite)
+
+    @staticmethod
+    def read(row: list[int], skip: int, D: int, vocab: int):
+        return Candidates(D, min(INDEL_CANDIDATES, vocab)).unpack(row, skip)
+
+    def step_block(self, state: InDelBlock, block: list[int], decided, settings) -> BlockOutcome:
+        """indel_step on the block; it closes where the rule says the block is final."""
+        ids, probs = decided
+        out = indel_step(self, state, block, ids, probs, settings.mask_id, *settings.edit_ids, settings.max_post_steps)
+        end = ("cleanup" if out.cleanup else "converged") if out.done else None
+        if out.done:
+            state.closed_post = state.post_edit_steps
+        return BlockOutcome(out.tokens, out.filled, out.edited, out.confidence, out.changed, end, out.overflow,
+                            out.padded)  # fmt: skip
+
+
+def rule_for(config) -> type[JointThreshold] | type[JointThresholdInDel]:
+    """The kind of block rule a checkpoint decodes with: JointThresholdInDel where it has edit ids."""
+    return JointThresholdInDel if config.edit_ids is not None else JointThreshold
+
 
 INDEL_PRESETS: dict[str, JointThresholdInDel] = {
     name: JointThresholdInDel(p.threshold, p.editing_threshold) for name, p in PRESETS.items()
@@ -210,6 +372,14 @@ class InDelBlock:
     update_steps: int = 0
     seen: set[tuple[int, ...]] = field(default_factory=set)  # input blocks of earlier steps (anti-loop)
     tried: dict[int, set[int]] = field(default_factory=dict)  # per position, every id written there
+    closed_post: int = 0  # post_edit_steps when the rule closed the block (0 while open, or if cancelled)
+
+    def counted_post_steps(self, end: str) -> int:
+        return self.closed_post
+
+    def drafted(self, at: int, n: int) -> None:
+        """Positions [at, at + n) took a draft's ids: no masks now, original or introduced."""
+        self.is_orig[at : at + n] = [False] * n
 
     @classmethod
     def start(cls, block: list[int], prompt_len: int, mask_id: int) -> InDelBlock:

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import kernels
 from ..errors import BadLogits, Busy, TooLong
-from ..kernels import cpu, cpu_step
 from ..model import LLaDA2, llada2
+from . import cpu_step
 from .cache import (
     SCRATCH,
     BlockCache,
@@ -31,8 +30,9 @@ from .cache import (
     paged_tables,
     row_descriptor,
 )
-from .policy import INDEL_CANDIDATES, indel_candidates, joint_threshold
+from .policy import rule_for
 from .sequence import DecodeSettings, GenerationResult, Sequence, StepDraft
+from .step_layout import ALLOWED_AT, Ints, limits_row
 
 
 @dataclass(frozen=True)
@@ -95,9 +95,9 @@ class Scheduler:
         self.inputs = StepInputs(model.device, model.config.vocab_size)
         if model.device.type == "cpu":
             cpu_step.warm_up()  # the step's host kernels compiled or loaded now, not in the first answer
-        # LLaDA2.2 (edit ids): JointThresholdInDel's rows, decided on the host from K ranked ids per position
-        self.indel = model.config.edit_ids is not None
-        self.indel_k = min(INDEL_CANDIDATES, model.config.vocab_size)
+        # the kind of block rule the model decodes with (LLaDA2.2's edit ids: JointThresholdInDel): what
+        # its device step returns and how a row of it is read (policy.BlockRule)
+        self.rule = rule_for(model.config)
         # Prompt tokens prefilled per step (whole blocks, at least one), in forwards of at most that many
         # tokens: memory per forward is bounded whatever the prompt's length, and a long prompt is
         # prefilled across steps while the running sequences keep denoising.
@@ -115,7 +115,7 @@ class Scheduler:
         if len(self.waiting) >= self.max_queue:
             raise Busy(f"the engine is busy: {len(self.waiting)} requests are already waiting")
         seq = Sequence(settings, self.block_size, self.use_cache)
-        if seq.indel != self.indel:  # Engine.settings makes them agree; a hand-made DecodeSettings may not
+        if not isinstance(settings.policy, self.rule):  # Engine.settings makes them agree; a hand-made one may not
             raise ValueError(f"a {type(settings.policy).__name__} sequence for a model whose rule is "
                              f"{self.model.config.family.decoding_rule}")  # fmt: skip
         if seq.n_blocks > self.cache.pages - 1:
@@ -273,31 +273,13 @@ class Scheduler:
                 varlen = Packed.of([(e.pages, a, b) for e, (a, b) in zip(rows, spans)], width, bs, self.model.device)
             packed = self._device_step(ints, limits, allowed, width, S, visible, D, varlen)
         host = packed.tolist()  # the one host read of the step (it waits for the forward)
-        if self.indel:
-            return self._apply_indel(rows, spans, outside, host, D, events)
+        vocab = self.inputs.vocab
         for entry, (start, _), skip, row in zip(rows, spans, outside, host):
-            if not row[4 * D]:
+            decided = self.rule.read(row, skip, D, vocab)  # the row's own decisions; None: bad logits
+            if decided is None:
                 fail_on_bad_logits(entry.seq)
                 continue
-            confidence = [c / CONFIDENCE_SCALE for c in row[3 * D + skip : 4 * D]]
-            draft = entry.seq.apply(start, row[skip:D], row[D + skip : 2 * D], row[2 * D + skip : 3 * D], confidence)
-            events.append(Event(entry.id, draft=draft))
-        self._count(rows)
-
-    def _apply_indel(self, rows: list[_Entry], spans, outside: list[int], host: list[list[int]], D: int,
-                     events: list[Event]) -> None:  # fmt: skip
-        """LLaDA2.2's rows: each of the D positions' ranked candidates (ids, then probabilities as float64
-        bits), the first `outside` of a row's not its own, and the rule applied on the host, row by row
-        (Sequence.apply_indel)."""
-        K = self.indel_k
-        for entry, (start, _), skip, row in zip(rows, spans, outside, host):
-            if not row[2 * K * D]:
-                fail_on_bad_logits(entry.seq)
-                continue
-            probs = torch.tensor(row[K * D : 2 * K * D], dtype=torch.int64).view(torch.float64).tolist()
-            ids = [row[i * K : (i + 1) * K] for i in range(skip, D)]
-            draft = entry.seq.apply_indel(start, ids, [probs[i * K : (i + 1) * K] for i in range(skip, D)])
-            events.append(Event(entry.id, draft=draft))
+            events.append(Event(entry.id, draft=entry.seq.apply(start, decided)))
         self._count(rows)
 
     def _count(self, rows: list[_Entry]) -> None:
@@ -307,30 +289,24 @@ class Scheduler:
 
     def _device_step(self, ints: torch.Tensor, limits: torch.Tensor, allowed: torch.Tensor | None, width: int,
                      S: int, visible: bool, D: int, varlen: Packed | None = None) -> torch.Tensor:  # fmt: skip
-        """One denoising step on the device, from StepInputs' tensors to the packed decisions [B, 4D + 1]
-        for the last D queries of each row (tokens, filled, edited, confidence in millionths, all-finite):
+        """One denoising step on the device, from StepInputs' tensors to the rule's rows for the last D
+        queries of each row:
         static shapes for static (B, width, S, D), no host read, so torch.compile traces it whole and a
         CUDA graph can hold it (tests/test_gpu_step.py checks both). D is a block, or more when a row
         checks a draft ahead (Sequence.ahead); a row that decides fewer positions has its first `outside`
         of the D frozen and never masked, so no step rule reaches them, and their decisions are dropped.
-        On the CPU (not under torch.compile) the tables are made on the host and, where the CPU kernels
-        run, the decisions in numba (kernels/cpu_step.py): the same numbers in fewer torch ops."""
-        ids = ints[:, :width]  # [B, T]
-        view = PagedView(self.cache, *paged_tables(ints[:, width + 4 :], width, S, self.block_size, visible))
+        What the step returns for each row is the block rule's (policy.BlockRule.device_step:
+        step_layout's Decisions, or Candidates for LLaDA2.2). On the CPU (not under torch.compile) the
+        tables are made on the host and, where the CPU kernels run, JointThreshold's decisions in numba
+        (cpu_step.py): the same numbers in fewer torch ops."""
+        layout = Ints(width)
+        tables = paged_tables(layout.descriptors(ints), width, S, self.block_size, visible)
+        view = PagedView(self.cache, *tables)
         view.packed = varlen
-        logits = self.model(ids, kv=view, last_n=D)  # [B, D, V]
+        logits = self.model(layout.ids(ints), kv=view, last_n=D)  # [B, D, V]
         if allowed is not None:
-            constrain_first(logits, allowed, ints[:, width + 2])
-        if self.indel:  # LLaDA2.2: the rule runs on the host over each position's ranked candidates
-            cand_ids, cand_p = indel_candidates(logits, self.indel_k)  # [B, D, K] each
-            theirs = torch.arange(D, device=ints.device)[None, :] >= ints[:, width + 3, None]  # [B, D]: the row's own
-            finite = (cand_p[..., 0].isfinite() | ~theirs).all(1, keepdim=True).long()
-            bits = cand_p.double().contiguous().view(torch.int64)  # exact probabilities through the one host read
-            return torch.cat([cand_ids.flatten(1), bits.flatten(1), finite], dim=1)
-        # the CPU: the rule's searches and decisions in numba (the fused Triton rule first, where it runs)
-        if cpu.enabled(logits) and not kernels.enabled(logits) and logits.is_contiguous():
-            return cpu_step.packed_decisions(ints, width, D, logits, limits, self.inputs.vocab, CONFIDENCE_SCALE)
-        return packed_decisions(ints, width, D, logits, limits, self.inputs.vocab)
+            constrain_first(logits, allowed, layout.column(ints, ALLOWED_AT))
+        return self.rule.device_step(logits, ints, layout, D, limits, self.inputs.vocab)
 
     def _graphed(self, ints, limits, allowed, width: int, S: int, visible: bool, D: int) -> torch.Tensor:
         """_device_step replayed from the CUDA graph of its shapes, captured on first use (after two
@@ -355,7 +331,6 @@ class Scheduler:
 
 PREFILL_CHUNK = 2048  # default prompt tokens per prefill forward (and per step)
 BACKGROUND_PREFILL = 256  # a rewrite's or next edit's prompt tokens per step while others decode
-CONFIDENCE_SCALE = 1_000_000  # a step's confidences travel to the host as integers in millionths
 
 
 def bucket(n: int) -> int:
@@ -370,23 +345,6 @@ def key_bucket(n: int) -> int:
     return -(-n // step) * step
 
 
-def packed_decisions(ints: torch.Tensor, width: int, D: int, logits: torch.Tensor, limits: torch.Tensor,
-                     vocab: int) -> torch.Tensor:  # fmt: skip
-    """The joint-threshold rule over the last D queries of each row -> [B, 4D + 1] int64: tokens, filled,
-    edited, confidence in millionths, all-finite (StepInputs' `ints` and `limits`, logits [B, D, V]).
-    Static shapes, no host read: the device's path, and the reference of kernels/cpu_step.py's."""
-    frozen_n, mask_ids, outside = ints[:, width], ints[:, width + 1], ints[:, width + 3]  # [B] each
-    slot = torch.arange(D, device=ints.device)[None, :] - outside[:, None]  # [B, D]: < 0 outside the row's
-    frozen = (slot < 0) | (slot < frozen_n[:, None])  # and its prompt positions
-    tokens = ints[:, width - D : width]
-    tokens = torch.where((slot < 0) & (tokens == mask_ids[:, None]), (mask_ids[:, None] + 1) % vocab, tokens)
-    update = joint_threshold(tokens, logits, frozen, mask_ids, limits[:, 0], limits[:, 1])
-    # a NaN or +inf logit makes its softmax NaN (outside a row's decisions: padding, never read)
-    finite = (update.confidence.isfinite() | (slot < 0)).all(1, keepdim=True).long()
-    confidence = (update.confidence.nan_to_num(0.0).clamp(0.0, 1.0) * CONFIDENCE_SCALE).long()
-    return torch.cat([update.tokens, update.filled.long(), update.edited.long(), confidence, finite], dim=1)
-
-
 def constrain_first(logits: torch.Tensor, allowed: torch.Tensor, at: torch.Tensor) -> None:
     """logits [B, N, V] in place: row b's position at[b] keeps only the ids allowed[b] [V] allows
     (token healing); at[b] < 0: row b has no such position. Static shapes, no host read."""
@@ -399,10 +357,7 @@ def constrain_first(logits: torch.Tensor, allowed: torch.Tensor, at: torch.Tenso
 class StepInputs:
     """The step's inputs in persistent buffers, updated in place: on CUDA a pinned host buffer per shape
     and its device twin, one non-blocking copy each (the host buffer is rewritten only after the step's
-    host read, by which time the copy has run). Layout of `ints` [B, T + 4 + 2 + pages] int64: the
-    query ids (T), the active block's prompt positions, the mask id, the first_allowed position among
-    the D decided (-1: none), how many of the D lie before the row's active block (`outside`), then
-    cache.row_descriptor's [start, end, pages...]; `limits` [B, 2] float32: threshold, editing."""
+    host read, by which time the copy has run). `ints` and `limits` in step_layout's layouts."""
 
     def __init__(self, device: torch.device, vocab: int):
         self.device, self.vocab = torch.device(device), vocab
@@ -426,22 +381,24 @@ class StepInputs:
         (Scheduler._device_step)."""
         bs = rows[0].seq.bs
         n_pages = -(-S // bs)
-        ints_h, ints_d, ints_np = self._buffers("ints", (B, width + 4 + 2 + n_pages), torch.int64)
+        ints_h, ints_d, ints_np = self._buffers("ints", (B, Ints.columns(width, n_pages)), torch.int64)
         limits_h, limits_d, limits_np = self._buffers("limits", (B, 2), torch.float32)
         table = []
         for entry, (start, hi), skip in zip(rows, spans, outside):
             seq = entry.seq
             ids = seq.host[start:hi]
             at = seq.allowed_row
-            table.append([0] * (width - len(ids)) + ids + [min(max(seq.P - seq.lo, 0), bs), seq.settings.mask_id,
-                          -1 if at is None else skip + at, skip,
-                          *row_descriptor(entry.pages, start, hi, n_pages, bs)])  # fmt: skip
+            table.append(Ints.row(ids, width, min(max(seq.P - seq.lo, 0), bs), seq.settings.mask_id,
+                                  -1 if at is None else skip + at, skip,
+                                  row_descriptor(entry.pages, start, hi, n_pages, bs)))  # fmt: skip
         scratch = row_descriptor([SCRATCH] * n_pages, 0, width, n_pages, bs)
-        pad = [0] * width + [D, rows[0].seq.settings.mask_id, -1, 0, *scratch]
+        pad = Ints.row([], width, D, rows[0].seq.settings.mask_id, -1, 0, scratch)
         table += [pad] * (B - len(rows))
         ints_np[...] = table
         policies = [entry.seq.settings.policy for entry in rows]
-        limits = [[p.threshold, p.editing_threshold] for p in policies] + [[1.0, 1.0]] * (B - len(rows))
+        limits = [limits_row(p.threshold, p.editing_threshold) for p in policies] + [limits_row(1.0, 1.0)] * (
+            B - len(rows)
+        )
         limits_np[...] = limits  # float32: rounded as torch.tensor rounds them
         if ints_d is not ints_h:
             ints_d.copy_(ints_h, non_blocking=True)

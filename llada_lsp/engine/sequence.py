@@ -4,8 +4,9 @@ a step's decisions do to the canvas, the block and the cache's valid prefix.
 Host-side only (lists of ids): the scheduler runs the forwards of many sequences at once and hands
 each its rows of the decisions. The loop rules are the reference's: blocks left to right, post steps
 after the last mask, a block ends when a mask-free step changes nothing or the post-step budget is
-spent, EOS early stop after a block, cancellation checked before every forward. LLaDA2.2's
-Levenshtein rule (apply_indel) ends a block where its own step says so (policy.indel_step).
+spent, EOS early stop after a block, cancellation checked before every forward. What a step does to
+the block, and when the block closes, the settings' block rule says (policy.BlockRule: JointThreshold,
+or LLaDA2.2's Levenshtein JointThresholdInDel); this module never asks which one it is.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from .policy import InDelBlock, InDelOutcome, JointThreshold, JointThresholdInDel, indel_step
+from .policy import BlockOutcome, BlockRule, BlockState
 
 DRAFT_LOOKAHEAD = 4  # blocks one forward may decide while it checks a draft (Sequence.ahead)
 
@@ -76,7 +77,7 @@ class DecodeSettings:
 
     prompt: list[int]
     gen_length: int
-    policy: JointThreshold | JointThresholdInDel
+    policy: BlockRule  # JointThreshold, or JointThresholdInDel (LLaDA2.2)
     max_post_steps: int
     eos_early_stop: bool
     mask_id: int
@@ -106,9 +107,8 @@ class Sequence:
         self.started = time.perf_counter()
         self.valid = 0  # K/V of positions [0, valid) in the sequence's pages match the canvas
         self.finished = False
-        # LLaDA2.2's Levenshtein rule: its own block loop (apply_indel), the block's state in self.indel_block
-        self.indel = isinstance(s.policy, JointThresholdInDel)
-        self.indel_block: InDelBlock | None = None
+        self.rule: BlockRule = s.policy
+        self.state: BlockState | None = None  # the rule's state of the active block
         self.aborted = False  # Scheduler.abort
         self.error: Exception | None = None  # why it ended without a result (fail)
         self._enter(self.first)
@@ -117,12 +117,11 @@ class Sequence:
     def _enter(self, b: int) -> None:
         self.b, self.lo, self.hi = b, b * self.bs, (b + 1) * self.bs
         self.n_masked = self.host[self.lo : self.hi].count(self.settings.mask_id)
-        self.forwards = self.post = 0
+        self.forwards = 0
         self.changed = False
         self.end = "converged"
-        if self.indel:
-            prompt_len = min(max(self.P - self.lo, 0), self.bs)
-            self.indel_block = InDelBlock.start(self.host[self.lo : self.hi], prompt_len, self.settings.mask_id)
+        prompt_len = min(max(self.P - self.lo, 0), self.bs)
+        self.state = self.rule.start(self.host[self.lo : self.hi], prompt_len, self.settings.mask_id)
 
     def ready(self) -> bool:
         """Before a forward: True if this sequence needs one; otherwise it has just finished."""
@@ -131,12 +130,11 @@ class Sequence:
                 self.result.cancelled, self.end = True, "cancelled"
                 self._close_block()
                 continue
-            if self.n_masked == 0 and not self.indel:  # the InDel rule counts its own post-edit steps
-                self.post += 1
-                if self.post > self.settings.max_post_steps:
-                    self.end = "post_step_budget"
-                    self._close_block()
-                    continue
+            end = self.rule.before_forward(self.state, self.n_masked, self.settings.max_post_steps)
+            if end is not None:
+                self.end = end
+                self._close_block()
+                continue
             return True
         return False
 
@@ -158,7 +156,7 @@ class Sequence:
         forward, not one per block; the step is used only if the blocks before it close (apply).
         Cold starts always decide 1 block: the reference's loop, forward for forward."""
         s, bs = self.settings, self.bs
-        if not s.init_ids or self.n_masked or (s.max_post_steps < 1 and not self.indel):
+        if not s.init_ids or self.n_masked or not self.rule.drafts_ahead(s.max_post_steps):
             return 1
         n, end = 1, self.P + s.gen_length
         while n < DRAFT_LOOKAHEAD and self.b + n < self.n_blocks:
@@ -171,69 +169,30 @@ class Sequence:
                 break  # this block's masks: it stays open after its first step
         return n
 
-    def apply(self, start: int, tokens: list[int], filled: list[bool], edited: list[bool],
-              confidence: list[float]) -> StepDraft:  # fmt: skip
-        """The forward over [start, end) ran; its decisions for the blocks it decided (`ahead`: N = block
-        size each, the active block's first) and the confidence of each position's greedy id. A block
-        after the active one takes its step only if every block before it closed in this step."""
+    def apply(self, start: int, decided: list) -> StepDraft:
+        """The forward over [start, end) ran; `decided` holds the rule's decisions (its `read`) for the
+        blocks it decided (`ahead`: block size each, the active block's first). A block after the active
+        one takes its step only if every block before it closed in this step with its ids unchanged: only
+        then did this forward show it the tokens it would see after the close."""
         if self.use_cache and start < self.lo:
             self.result.refreshed_blocks += 1  # the previous block's final tokens, run with this one
         self.result.steps += 1
         bs, first = self.bs, self.b
-        draft = self._step(tokens[:bs], filled[:bs], edited[:bs], confidence[:bs])
-        for k in range(1, len(tokens) // bs):
-            if self.finished or self.b != first + k:
-                break  # the block before did not close: this step of the next one saw other tokens
-            if self.n_masked == 0:
-                self.post += 1  # a mask-free step, counted as ready() counts it
-            cut = slice(k * bs, (k + 1) * bs)
-            draft = self._step(tokens[cut], filled[cut], edited[cut], confidence[cut])
-        return draft
-
-    def _step(self, tokens: list[int], filled: list[bool], edited: list[bool], confidence: list[float]) -> StepDraft:
-        """The active block's decisions of this forward: the canvas, the cache's valid prefix, the draft."""
-        self.valid = self.lo if self.use_cache else 0
-        lo, hi, bs = self.lo, self.hi, self.bs
-        self.host[lo:hi] = tokens
-        fills = [i for i in range(bs) if filled[i]]
-        edits = [i for i in range(bs) if edited[i]]
-        self.forwards += 1
-        self.changed = bool(fills or edits)
-        P, end = self.P, min(hi, self.P + self.settings.gen_length)
-        for i in range(max(lo, P), end):
-            self.confidence[i - P] = confidence[i - lo]
-        draft = StepDraft(self.result.steps, self.b, list(tokens), fills, edits, self.host[P:end],
-                      self.confidence[: max(end - P, 0)])  # fmt: skip
-        was_mask_free, self.n_masked = self.n_masked == 0, self.host[lo:hi].count(self.settings.mask_id)
-        if was_mask_free and not self.changed:
-            self._close_block()
-        return draft
-
-    def apply_indel(self, start: int, ids: list[list[int]], probs: list[list[float]]) -> StepDraft:
-        """The forward over [start, end) ran; the ranked candidates per position (policy.indel_candidates)
-        of the blocks it decided (`ahead`: block size each, the active block's first). A block after the
-        active one takes its step only if every block before it closed in this step with its ids
-        unchanged: only then did this forward show it the tokens it would see after the close."""
-        if self.use_cache and start < self.lo:
-            self.result.refreshed_blocks += 1
-        self.result.steps += 1
-        bs, first = self.bs, self.b
-        draft = self._indel_step(ids[:bs], probs[:bs])
-        for k in range(1, len(ids) // bs):
+        draft = self._step([part[:bs] for part in decided])
+        for k in range(1, len(decided[0]) // bs):
             if self.finished or self.b != first + k or self.result.blocks[-1].last_forward_changed_tokens:
-                break  # the block before is still open, or its last step (a cleanup) changed what this one saw
-            draft = self._indel_step(ids[k * bs : (k + 1) * bs], probs[k * bs : (k + 1) * bs])
+                break  # the block before is still open, or its last step changed what this one saw
+            self.rule.before_forward(self.state, self.n_masked, self.settings.max_post_steps)  # counted as ready()
+            draft = self._step([part[k * bs : (k + 1) * bs] for part in decided])
         return draft
 
-    def _indel_step(self, ids: list[list[int]], probs: list[list[float]]) -> StepDraft:
-        """One step of JointThresholdInDel on the active block: its content shifts, its length stays.
-        The block closes when the rule says it is final; if that step changed its ids, its K/V are not
-        those of the final tokens, so the next forward runs it again (`valid` stays at its start): the
-        one more forward the cleanup costs, fused with the next block's first step."""
+    def _step(self, decided: list) -> StepDraft:
+        """The rule's step on the active block: the canvas, the cache's valid prefix, the draft. If the
+        step that closes the block changed its ids, its K/V are not those of the final tokens, so the next
+        forward runs it again (`valid` stays at its start), fused with the next block's first step."""
         self.valid = self.lo if self.use_cache else 0
         s, lo, hi = self.settings, self.lo, self.hi
-        out = indel_step(s.policy, self.indel_block, self.host[lo:hi], ids, probs, s.mask_id, *s.edit_ids,
-                         s.max_post_steps)  # fmt: skip
+        out = self.rule.step_block(self.state, self.host[lo:hi], decided, s)
         tokens = self._carry(out) if s.init_ids else out.tokens
         self.host[lo:hi] = tokens
         self.forwards += 1
@@ -244,13 +203,12 @@ class Sequence:
         generated, confidence = self.shown(self.host[P:end], self.confidence[: max(end - P, 0)])
         draft = StepDraft(self.result.steps, self.b, list(tokens), out.filled, out.edited, generated, confidence)
         self.n_masked = tokens.count(s.mask_id)
-        if out.done:
-            self.post = self.indel_block.post_edit_steps
-            self.end = "cleanup" if out.cleanup else "converged"
+        if out.end is not None:
+            self.end = out.end
             self._close_block()
         return draft
 
-    def _carry(self, out: InDelOutcome) -> list[int]:
+    def _carry(self, out: BlockOutcome) -> list[int]:
         """The block after an InDel step whose draft (`init_ids`) runs on past it: the draft follows the
         block's edits as text does. Ids an INSERT pushed out of the block open the next one (the rest of
         the generated region moves right, its last ids drop); masks a DELETE left at the block's end
@@ -271,7 +229,7 @@ class Sequence:
         j, at = min(out.padded, draft_end - hi), bs - out.padded
         pad = s.eos_id if s.eos_id is not None and tail[-1] == s.eos_id else s.mask_id
         tokens[at : at + j] = tail[:j]
-        self.indel_block.is_orig[at : at + j] = [False] * j  # ids now, no masks
+        self.state.drafted(at, j)  # ids now, no masks
         self.host[hi:end] = tail[j:] + [pad] * j
         self.confidence[hi - P : end - P] = confidence[j:] + [0.0] * j
         return tokens
@@ -287,7 +245,7 @@ class Sequence:
 
     def _close_block(self) -> None:
         r = self.result
-        post = self.post if self.indel else max(self.post - (self.end == "post_step_budget"), 0)
+        post = self.state.counted_post_steps(self.end)
         r.blocks.append(BlockStats(self.b, self.forwards, post, self.end, self.changed))
         if r.cancelled:
             return self._finish()

@@ -1,5 +1,7 @@
 """GPU kernels with plain-PyTorch references (README.md in this folder), and the one switch that says
-when the model and the engine use them (the CPU's numba kernels have their own, in cpu.py). Knows nothing of modules, checkpoints or decoding policy.
+when the model and the engine use them (the CPU's numba kernels have their own, in cpu.py); both read
+the backend decided once per process (kernel_backend.py). Knows nothing of modules, checkpoints or decoding
+policy.
 
 The Triton modules are imported on first use, never here: Triton's interpreter (TRITON_INTERPRET=1,
 the CPU tests) is chosen when a kernel is decorated, so importing them early would fix the mode.
@@ -8,13 +10,12 @@ the CPU tests) is chosen when a kernel is decorated, so importing them early wou
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
-import os
 
 import torch
 
-TRITON = importlib.util.find_spec("triton") is not None
+from .. import kernel_backend as backend
+
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The lowest GPUs the kernels are compiled and checked for (llada_lab/aot.py, tests/test_gpu_compile.py):
 # Ampere for every variant; FP8 weights need Triton's fp8e4nv, which exists from Ada / Hopper (sm_89) on.
@@ -40,8 +41,9 @@ def _capability(device: torch.device) -> tuple[int, int]:
 def enabled(x: torch.Tensor, weight_dtype: torch.dtype | None = None) -> bool:
     """The one switch: kernels run on CUDA tensors of a float dtype they take when triton is
     installed and the GPU is one they support (`supports`; FP8 weights below sm_89 take the torch
-    path), unless LLADA_LSP_KERNELS=0; everywhere else the model's own torch path runs."""
-    if not (TRITON and x.is_cuda and x.dtype in KERNEL_DTYPES and os.environ.get("LLADA_LSP_KERNELS", "1") != "0"):
+    path), where the backend allows them (backend.current().gpu: not with LLADA_LSP_KERNELS=0); everywhere
+    else the model's own torch path runs."""
+    if not (x.is_cuda and x.dtype in KERNEL_DTYPES and backend.current().gpu):
         return False
     return supports(_capability(x.device), weight_dtype)
 

@@ -1,74 +1,52 @@
 """CPU kernels (numba) with plain-PyTorch references: a decoder layer's inference forward on the CPU as
 two compiled calls around torch's attention. At the embedded model's shapes (32 rows of 256) a torch op
 costs more to dispatch than to compute, so a step was mostly overhead around its GEMMs. Here the kernels
-call the GEMM themselves (`GEMM`: the BLAS routine torch's own CPU matmul calls, so the products are
-torch's bit for bit) and do the small ops between the GEMMs in loops: `attend` (QKV projection, q/k
+call the GEMM themselves (the backend's: the BLAS routine torch's own CPU matmul calls, so the products
+are torch's bit for bit, or a portable one within rounding where torch's cannot be found; kernel_backend.py) and do the small ops between the GEMMs in loops: `attend` (QKV projection, q/k
 norm, RoPE, the paged cache's write and gather) and `mlp` / `mlp_attend` (output projection, norm,
 routing, the experts' grouped GEMMs with SwiGLU, the weighted sum, the next layer's norm and, with
 `mlp_attend`, its `attend`).
 
 `enabled(x)` is the one switch: float32 CPU tensors under no_grad / inference_mode (the engine's),
-numba installed, not under torch.compile, unless LLADA_LSP_KERNELS=0. Everywhere else the model's
-torch path runs. The step rule's exponentials stay in torch (its confidence must be the reference's to
-the bit); SiLU's runs here as Cephes' polynomial in loops LLVM vectorises, within 2 ulp of torch's.
+not under torch.compile, where the backend (kernel_backend.py, decided once) runs the CPU kernels. Everywhere
+else the model's torch path runs. The step rule's exponentials stay in torch (its confidence must be the reference's to
+the bit); SiLU's runs here as torch's own (SLEEF's expf_u10 by fused multiply-adds), bit for bit.
 Knows nothing of modules, checkpoints or decoding policy.
 """
 
 from __future__ import annotations
 
-import ctypes
-import glob
 import logging
-import os
 import threading
 import time
 
 import numpy as np
 import torch
 
+from .. import kernel_backend as backend
+
 log = logging.getLogger(__name__)
 
-numba = None  # LLADA_LSP_KERNELS=0 does not even import it: numba and its kernels take ~120 MiB
-if os.environ.get("LLADA_LSP_KERNELS", "1") != "0":
-    try:
-        import numba
-    except ImportError:  # pragma: no cover - numba is a dependency; a platform without its wheels runs torch
-        pass
-
-# Read once: the switch is asked on every step, and reading the environment there costs a step ~1%.
-ON = numba is not None
+numba = backend.numba()  # None where LLADA_LSP_KERNELS=0 (not even imported) or not installed
+if numba is None and backend.current().cpu:  # pragma: no cover - found but broken: the torch paths run
+    backend.give_up(ImportError("numba is installed but does not import"))
 
 
 def enabled(x: torch.Tensor) -> bool:
-    """Whether the CPU kernels run for activations x: float32 on the CPU, no autograd recording, numba
-    installed and LLADA_LSP_KERNELS not 0 when the process started (tests flip `ON`)."""
+    """Whether the CPU kernels run for activations x: float32 on the CPU, no autograd recording, and the
+    backend's CPU kernels on (kernels/kernel_backend.py: decided once per process)."""
     return (
-        ON
+        backend.current().cpu
         and x.dtype is torch.float32
         and x.device.type == "cpu"
         and not (torch.is_grad_enabled() or torch.compiler.is_compiling())
     )
 
 
-def _find_gemm():
-    """The Fortran sgemm (32-bit integers) that torch's CPU library carries (MKL's, in the x86 wheels) as a
-    ctypes function, else None. The layer kernels call it for their GEMMs: the routine torch.mm and
-    F.linear call, with the arguments they pass, so a product is torch's own bit for bit
-    (tests/test_kernels_cpu.py); a call from a kernel dispatches nothing."""
-    for path in glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.*")):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:  # pragma: no cover - a library of another platform's name
-            continue
-        for name in ("sgemm_", "sgemm", "SGEMM"):
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                fn.argtypes, fn.restype = [ctypes.c_void_p] * 13, None
-                return fn
-    return None  # pragma: no cover - a torch build without a BLAS of its own: the modules' path runs
-
-
-GEMM = _find_gemm() if numba is not None else None
+def _sgemm():
+    """The GEMM argument every kernel takes: torch's sgemm as a ctypes function, or None (the portable
+    GEMM, chosen when the kernel compiles: a kernel is compiled once for each)."""
+    return backend.current().sgemm
 
 
 def array(t: torch.Tensor):
@@ -94,12 +72,19 @@ def jit(fn=None, **options):
 
 @jit
 def _gemm(fn, a, b, c, beta):
-    """c [M, N] = a [M, K] @ b [K, N] (+ c where beta is 1), float32, by `fn` (GEMM). Each operand has one
+    """c [M, N] = a [M, K] @ b [K, N] (+ c where beta is 1), float32, by `fn`: torch's sgemm (a ctypes
+    function, backend.find_torch_sgemm), or None for the portable GEMM (`_loops_gemm`; numba prunes the
+    branch it does not take when it compiles). `fn` is an argument, never a global, and must stay one:
+    numba cannot cache a function that holds a ctypes pointer as a global (the pointer is one process's),
+    and without the cache every process would compile the kernels again (seconds). Each operand has one
     unit stride (a row-major matrix, a slice of its rows, or a transposed one), as torch passes them. A
     row-major product is the column-major C^T = B^T A^T."""
     M, K = a.shape
     N = b.shape[1]
     if M == 0 or N == 0:
+        return
+    if fn is None:
+        _loops_gemm(a, b, c, beta)
         return
     if (a.strides[1] != 4 and a.strides[0] != 4) or (b.strides[1] != 4 and b.strides[0] != 4) or c.strides[1] != 4:
         raise ValueError("gemm: an operand without a unit stride")
@@ -120,6 +105,32 @@ def _gemm(fn, a, b, c, beta):
        b.ctypes, ints[3:].ctypes, a.ctypes, ints[4:].ctypes, scalars[1:].ctypes, c.ctypes, ints[5:].ctypes)  # fmt: skip
 
 
+@jit(reduce=True)
+def _loops_gemm(a, b, c, beta):
+    """The portable GEMM (backend rung 2): c = a @ b (+ c where beta is 1) in loops LLVM vectorises, the
+    sums reassociated: within float32 rounding of a BLAS's, slower (docs/model.md), on any machine."""
+    M, K = a.shape
+    N = b.shape[1]
+    row = np.empty(N, np.float32)
+    by_rows = b.strides[1] == 4  # b row-major: rows of a times rows of b; else b's columns are contiguous
+    bt = b.T
+    for i in range(M):
+        if by_rows:
+            row[:] = 0.0
+            for k in range(K):
+                aik = a[i, k]
+                for j in range(N):
+                    row[j] += aik * b[k, j]
+        else:
+            for j in range(N):
+                s = np.float32(0.0)
+                for k in range(K):
+                    s += a[i, k] * bt[j, k]
+                row[j] = s
+        for j in range(N):
+            c[i, j] = row[j] if beta == 0.0 else c[i, j] + row[j]
+
+
 @jit
 def _grouped_gemm(fn, xs, weights, ends):  # xs [n, C]; weights [G, C, O]; ends [G] -> [n, O]
     out = np.empty((xs.shape[0], weights.shape[2]), np.float32)
@@ -133,7 +144,7 @@ def _grouped_gemm(fn, xs, weights, ends):  # xs [n, C]; weights [G, C, O]; ends 
 def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
     """a @ b (+ c, in place, where given) by GEMM: float32 numpy matrices with a unit stride each."""
     out = np.empty((a.shape[0], b.shape[1]), np.float32) if c is None else c
-    _gemm(GEMM, a, b, out, 0.0 if c is None else 1.0)
+    _gemm(_sgemm(), a, b, out, 0.0 if c is None else 1.0)
     return out
 
 
@@ -234,7 +245,7 @@ def attend(normed, w_qkv, wq, wk, eps: float, cos, sin, H: int, K: int, B: int, 
     S] gathered. Returns q [B, H, T, D] and the keys and values [B, K, S, D] (S = T without pools), each
     contiguous. The references: Attention's linear, rms_norm, apply_rope, and PagedView.update."""
     pools = _no_pools(K, wq.shape[0]) if pool_k is None else (pool_k, pool_v, writes, reads)
-    return _shaped(*_attend(GEMM, normed, w_qkv, wq, wk, eps, cos, sin, H, K, B, *pools), B, H, K, wq.shape[0])
+    return _shaped(*_attend(_sgemm(), normed, w_qkv, wq, wk, eps, cos, sin, H, K, B, *pools), B, H, K, wq.shape[0])
 
 
 def _no_pools(K: int, D: int) -> tuple[np.ndarray, ...]:
@@ -341,29 +352,82 @@ def _combine(y, token_of, w_sorted, shared, residual):
     return out
 
 
+def _intrinsics():
+    """Three float32 LLVM operations numba kernels call as functions: `fma(a, b, c)` (a * b + c rounded
+    once: vfmadd), `rint(x)` (to nearest, ties to even) and `as_float(bits)` (an int32's bits as a
+    float32); each one instruction where the CPU has it, vectorised with the loop around it."""
+    if numba is None:  # pragma: no cover
+        return None, None, None
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    f32 = types.float32
+
+    def _declared(builder, name: str, n: int):
+        return cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.FloatType(), [ir.FloatType()] * n), name
+        )
+
+    @intrinsic
+    def fma(typingctx, a, b, c):
+        def codegen(context, builder, sig, args):
+            return builder.call(_declared(builder, "llvm.fma.f32", 3), args)
+
+        return f32(f32, f32, f32), codegen
+
+    @intrinsic
+    def rint(typingctx, x):
+        def codegen(context, builder, sig, args):
+            return builder.call(_declared(builder, "llvm.rint.f32", 1), args)
+
+        return f32(f32), codegen
+
+    @intrinsic
+    def as_float(typingctx, bits):
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(args[0], ir.FloatType())
+
+        return f32(types.int32), codegen
+
+    return fma, rint, as_float
+
+
+_fma, _rint, _as_float = _intrinsics()
+
+
 @jit
 def _silu_mul(gate_up):
-    """F.silu(gate) * up for gate_up [n, 2I] (gate, then up), float32: torch's numbers within 2 ulp (its
-    exp, Cephes' polynomial here, differs from torch's in the last bit of about 1 value in 200)."""
+    """F.silu(gate) * up for gate_up [n, 2I] (gate, then up), float32, bit for bit torch's: torch's CPU SiLU
+    is x / (1 + exp(-x)) with SLEEF's expf_u10 (ATen's Vectorized<float>::exp, with FMA on AVX2 and
+    AVX-512), which this follows step for step (round, two-part ln 2 reduction, the degree-5 polynomial
+    by fused multiply-adds, the two-factor ldexp, the range cut-offs). Where torch runs another exp (a
+    build without FMA, the scalar tail of a row shorter than a vector, aarch64), the two may differ in
+    the last bit of a few values (tests/test_kernels_cpu.py measures it here)."""
     n, I = gate_up.shape[0], gate_up.shape[1] // 2
     out = np.empty((n, I), np.float32)
-    poly, bits = np.empty(I, np.float32), np.empty(I, np.int32)
-    scale = bits.view(np.float32)
+    ex = np.empty(I, np.float32)  # exp(-gate) of one row: the loops apart, so that each vectorises
     for r in range(n):
-        for i in range(I):  # exp(-gate) = 2^k * p(x - k ln 2): Cephes' expf, in loops the compiler vectorises
-            x = min(max(-gate_up[r, i], np.float32(-87.0)), np.float32(88.0))
-            k = np.floor(x * np.float32(1.44269504088896341) + np.float32(0.5))
-            x = x - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)
-            p = np.float32(1.9875691500e-4)
-            p = p * x + np.float32(1.3981999507e-3)
-            p = p * x + np.float32(8.3334519073e-3)
-            p = p * x + np.float32(4.1665795894e-2)
-            p = p * x + np.float32(1.6666665459e-1)
-            p = p * x + np.float32(5.0000001201e-1)
-            poly[i] = p * x * x + x + np.float32(1.0)
-            bits[i] = (np.int32(k) + np.int32(127)) << 23  # 2^k, its float32 bits
+        row = gate_up[r]
         for i in range(I):
-            out[r, i] = gate_up[r, i] / (np.float32(1.0) + poly[i] * scale[i]) * gate_up[r, I + i]
+            d = -row[i]
+            q = _rint(min(max(d, np.float32(-105.0)), np.float32(101.0)) * np.float32(1.442695040888963407359924681))
+            s = _fma(q, np.float32(-0.693145751953125), d)
+            s = _fma(q, np.float32(-1.428606765330187045e-06), s)
+            u = np.float32(0.000198527617612853646278381)
+            u = _fma(u, s, np.float32(0.00139304355252534151077271))
+            u = _fma(u, s, np.float32(0.00833336077630519866943359))
+            u = _fma(u, s, np.float32(0.0416664853692054748535156))
+            u = _fma(u, s, np.float32(0.166666671633720397949219))
+            u = _fma(u, s, np.float32(0.5))
+            u = np.float32(1.0) + _fma(s * s, u, s)
+            k = np.int32(q)
+            h = k >> 1
+            u = u * _as_float((h + np.int32(127)) << 23) * _as_float((k - h + np.int32(127)) << 23)
+            u = np.float32(0.0) if d < np.float32(-104.0) else u
+            ex[i] = np.float32(np.inf) if d > np.float32(100.0) else u
+        for i in range(I):
+            out[r, i] = row[i] / (np.float32(1.0) + ex[i]) * row[I + i]
     return out
 
 
@@ -403,7 +467,7 @@ def mlp(x, attn, w_dense, w_post, eps: float, gate_up, down, router: tuple, norm
     output [N, C], that output RMS-normed by `norm` [C] (the next layer's input norm or the final one;
     None without one), the expert ids [N, A])."""
     weight = np.empty(0, np.float32) if norm is None else norm
-    out, normed, ids = _mlp(GEMM, x, attn, w_dense, w_post, eps, *router, gate_up, down, weight)
+    out, normed, ids = _mlp(_sgemm(), x, attn, w_dense, w_post, eps, *router, gate_up, down, weight)
     return out, (None if norm is None else normed), ids
 
 
@@ -423,7 +487,7 @@ def mlp_attend(x, attn, w_dense, w_post, eps: float, gate_up, down, router: tupl
     those rows, in one kernel call: returns (the layer's output [N, C], the expert ids [N, A], the next
     layer's (q, keys, values)). Between two attentions a step thus calls one kernel."""
     pools = _no_pools(K, wq.shape[0]) if pool_k is None else (pool_k, pool_v, writes, reads)
-    out, ids, q, keys, values = _mlp_attend(GEMM, x, attn, w_dense, w_post, eps, *router, gate_up, down, norm, w_qkv,
+    out, ids, q, keys, values = _mlp_attend(_sgemm(), x, attn, w_dense, w_post, eps, *router, gate_up, down, norm, w_qkv,
                                             wq, wk, eps_next, cos, sin, H, K, B, *pools)  # fmt: skip
     return out, ids, _shaped(q, keys, values, B, H, K, wq.shape[0])
 
@@ -439,12 +503,12 @@ COMPILING = "compiling the CPU kernels: once on this machine, seconds (numba kee
 
 
 def warm_up(run) -> None:
-    """Calls `run` under inference_mode: work that calls kernels with the types a step passes (cpu_layout's
+    """Calls `run` under inference_mode: work that calls kernels with the types a step passes (cpu_runner.prepare's
     one-token forward of the model; cpu_step.warm_up's tiny step). The first process on a machine compiles
     them (seconds; numba caches the result on disk), later ones load them, so the cost falls in a load (a
     server is still "loading" then), not in a first answer. A load that compiles says so while it waits
     (a first `llada-lsp complete` would sit silent otherwise). Kernels that do not compile on this machine
-    turn the switch off (`give_up`): the torch paths run."""
+    turn the CPU kernels off (backend.give_up): the torch paths run."""
     started = time.perf_counter()
     notice = threading.Timer(NOTICE_AFTER, log.warning, (COMPILING,))
     notice.daemon = True
@@ -453,18 +517,10 @@ def warm_up(run) -> None:
         with torch.inference_mode():
             run()
     except Exception as err:  # numba's compiler failed here (a toolchain or cache problem): not the model's
-        give_up(err)
+        backend.give_up(err)
         return
     finally:
         notice.cancel()
     seconds = time.perf_counter() - started
     if seconds > 1.0:
         log.info("compiled the CPU kernels in %.1f s (once on this machine: numba keeps them on disk)", seconds)
-
-
-def give_up(err: BaseException) -> None:
-    """The CPU kernels off for the rest of the process (a warm-up failed: `err`), said once in the log."""
-    global ON
-    ON = False
-    log.warning("the CPU kernels do not run here (%s: %s); the plain torch path runs instead", type(err).__name__,
-                str(err).splitlines()[0] if str(err) else "")  # fmt: skip

@@ -10,9 +10,8 @@ I expert width, V vocab.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Protocol
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,7 +22,7 @@ from . import fp8
 from .config import LLaDA2Config
 
 # Grouped GEMMs (torch >= 2.8): every expert's tokens by its own weights in one call; on the CPU the
-# sparse MoE's path after cpu_layout.
+# sparse MoE's path after cpu_runner.layout.
 GROUPED_MM = getattr(F, "grouped_mm", None)
 
 try:  # optional CUDA fast path, chosen at run time
@@ -67,6 +66,38 @@ def block_causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, block_size: int)
     return (k_pos[None, :] // block_size) <= (q_pos[:, None] // block_size)
 
 
+class PackedRows(Protocol):
+    """A batched step's rows laid end to end for flash-attn's varlen kernel (engine/cache.py's Packed)."""
+
+    query_rows: torch.Tensor
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+
+
+class KVView(Protocol):
+    """What the model reads of a cache for one forward: the engine's PagedView (engine/cache.py) or a
+    ContiguousView here. `positions` / `allow` None: the model makes them from `start` (block-causal)."""
+
+    positions: torch.Tensor | None  # [B, T]: each query's absolute position
+    allow: torch.Tensor | None  # [B, 1, T, S] bool, or None where every query sees every key
+    real: torch.Tensor | None  # [B, T] bool: not left padding (LLaDA2.2's block routing); None: no padding
+    packed: PackedRows | None  # set where no row needs a mask and flash-attn's varlen path may run
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stores this forward's K/V [B, K, T, D]; returns every key and value the queries see [B, K, S, D]."""
+        ...
+
+    def update_packed(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`update` in `packed`'s layout [sum of ends, K, D] (only where `packed` is set)."""
+        ...
+
+    def host_pools(self) -> tuple | None:
+        """The pools and slots as numpy views for the CPU runner's own write and gather; None: use `update`."""
+        ...
+
+
 class BlockKVCache:
     """Preallocated keys/values of every layer for one contiguous sequence (a fixed-shape benchmark or
     test); the engine's own memory is the block pool of engine/cache.py. Both are written through the
@@ -88,7 +119,7 @@ class BlockKVCache:
 class ContiguousView:
     """Queries at positions [start, start + length) of a BlockKVCache: they attend to [0, start + length)."""
 
-    positions = allow = None  # the model makes them from `start` (block-causal)
+    positions = allow = real = packed = None  # the model makes positions and mask from `start` (block-causal)
 
     def __init__(self, cache: BlockKVCache, start: int, length: int):
         self.cache, self.start, self.end = cache, start, start + length
@@ -100,6 +131,12 @@ class ContiguousView:
         self.cache.k[layer, :, :, self.start : self.end] = k
         self.cache.v[layer, :, :, self.start : self.end] = v
         return self.cache.k[layer, :, :, : self.end], self.cache.v[layer, :, :, : self.end]
+
+    def update_packed(self, layer: int, k: torch.Tensor, v: torch.Tensor):  # pragma: no cover - `packed` is None
+        raise NotImplementedError("a contiguous cache has no packed rows")
+
+    def host_pools(self) -> None:
+        return None  # the CPU runner writes through `update`
 
 
 class RMSNorm(nn.Module):
@@ -179,16 +216,15 @@ class Attention(nn.Module):
             self._qk_weight = key, torch.cat([wq.expand(self.n_head, -1), wk.expand(self.n_kv, -1)])
         return self._qk_weight[1]
 
-    def forward(self, x, cos, sin, allow, kv):
-        """kv: None, or a view whose `update(layer, k, v)` stores this forward's K/V and returns every
-        key and value the queries may see (engine/cache.py's PagedView, or a ContiguousView)."""
+    def forward(self, x, cos, sin, allow, kv: KVView | None):
+        """kv: None, or the cache's view for this forward (KVView)."""
         B, T, _ = x.shape
         qkv = self.query_key_value(x).view(B, T, self.n_head + 2 * self.n_kv, self.head_dim)
         # q and k normed (each head by its own norm's weight) and rotated together: half the small ops
         qk = rms_norm(qkv[:, :, : self.n_head + self.n_kv], self.qk_norm_weight(), self.query_layernorm.eps)
         q, k = apply_rope(qk.transpose(1, 2), cos, sin).split([self.n_head, self.n_kv], dim=1)  # [B, H|K, T, D]
         v = qkv[:, :, self.n_head + self.n_kv :].transpose(1, 2)
-        packed = getattr(kv, "packed", None)
+        packed = kv.packed if kv is not None else None
         if packed is not None and flash_ok(x):  # a batched step whose rows need no mask: varlen, no padding keys
             kp, vp = kv.update_packed(self.layer_idx, k, v)  # [sum of ends, K, D]
             qp = q.transpose(1, 2).reshape(B * T, self.n_head, self.head_dim)[packed.query_rows]
@@ -215,10 +251,10 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
 
-    gate_up: torch.Tensor | None = None  # [C, 2I]: both weights' storage after cpu_layout
+    gate_up: torch.Tensor | None = None  # [C, 2I]: both weights' storage after cpu_runner.layout
 
     def forward(self, x, blocks: RoutingBlocks | None = None):  # `blocks`: routing, which a dense layer has none of
-        both = fused_gate_up(self.gate_up, self.gate_proj.weight, self.up_proj.weight)
+        both = stored_gate_up(self.gate_up, self.gate_proj.weight, self.up_proj.weight)
         if both is not None:  # one GEMM for gate and up (the same numbers: each output column is its own)
             gate, up = (x @ both).chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
@@ -313,7 +349,7 @@ class Experts(nn.Module):
         self.w_up = nn.Parameter(torch.empty(n_experts, inner, hidden))  # [E, I, C]
         self.w_down = nn.Parameter(torch.empty(n_experts, hidden, inner))  # [E, C, I]
 
-    gate_up: torch.Tensor | None = None  # [E, C, 2I]: w_gate's and w_up's storage after cpu_layout
+    gate_up: torch.Tensor | None = None  # [E, C, 2I]: w_gate's and w_up's storage after cpu_runner.layout
 
     # Experts per dense chunk; None: all at once (plain weights are read in place, nothing is copied).
     dense_chunk: int | None = None
@@ -349,12 +385,12 @@ class Experts(nn.Module):
     def sparse(self, x, expert_ids, weights):
         """Tokens grouped by expert, gathered once; each expert's SwiGLU on its tokens; then weighted
         and added back in one op each (the same sums in the same order as adding expert by expert:
-        index_add runs its rows in order). After cpu_layout, in float32 with no gradient to keep: two grouped GEMMs
+        index_add runs its rows in order). After cpu_runner.layout, in float32 with no gradient to keep: two grouped GEMMs
         over all experts at once and no host read; else one matmul chain per expert that has tokens
         (differentiable: training takes it). Both give the same numbers (tests/test_engine_cpu_step.py)."""
         N, A = expert_ids.shape
         grouped = GROUPED_MM is not None and x.dtype == torch.float32  # (it takes no float64)
-        both = fused_gate_up(self.gate_up, self.w_gate, self.w_up) if grouped else None
+        both = stored_gate_up(self.gate_up, self.w_gate, self.w_up) if grouped else None
         flat = expert_ids.flatten()
         order = flat.argsort(stable=True)
         token_of = order // A
@@ -375,7 +411,7 @@ class Experts(nn.Module):
 
     def grouped(self, xs: torch.Tensor, both: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """Every expert's SwiGLU on its rows of xs [n, C] (expert order; `ends` [E] int32): two grouped
-        GEMMs over all experts, gate and up in one (cpu_layout's `both`)."""
+        GEMMs over all experts, gate and up in one (cpu_runner.layout's `both`)."""
         gate, up = GROUPED_MM(xs, both, offs=ends).chunk(2, dim=-1)
         return GROUPED_MM(F.silu(gate) * up, self.w_down.transpose(1, 2), offs=ends)
 
@@ -438,21 +474,6 @@ class SparseMoE(nn.Module):
         )
         self.force: str | None = None  # "dense" / "sparse" / "fused" for tests and benchmarks; None = auto
 
-    # cpu_layout's storage of the routed experts and the shared one as a last expert: (gate_up [E + 1, C, 2I],
-    # down [E + 1, I, C]), which the parameters are views of; None: none made
-    joint: tuple[torch.Tensor, torch.Tensor] | None = None
-    joint_pointers: tuple[int, ...] = ()  # where each weight starts in it (joint_weights' check)
-
-    def joint_weights(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """`joint` while it still is the storage of every expert's weights (a `.to()` or a replaced
-        `.data` makes new ones), else None: six pointers compared, no op dispatched."""
-        if self.joint is None:
-            return None
-        experts, shared = self.experts, self.shared_experts
-        now = (experts.w_gate.data_ptr(), experts.w_up.data_ptr(), experts.w_down.data_ptr(),
-               shared.gate_proj.weight.data_ptr(), shared.up_proj.weight.data_ptr(), shared.down_proj.weight.data_ptr())  # fmt: skip
-        return self.joint if now == self.joint_pointers else None
-
     def mode(self, x: torch.Tensor) -> str:
         """Which Experts path runs for x [B, T, C]: `force`, else the kernel where the switch allows it
         (for these weights on this GPU), else the torch path."""
@@ -493,104 +514,9 @@ class DecoderLayer(nn.Module):
         dense = layer_idx < config.first_k_dense_replace
         self.mlp = MLP(config.hidden_size, config.intermediate_size) if dense else SparseMoE(config)
 
-    # cpu_layout's fused inference forward of this layer (CPULayer); None: the modules' path only
-    fused: CPULayer | None = None
-
     def forward(self, x, cos, sin, allow, kv, blocks: RoutingBlocks | None = None):
         x = x + self.attention(self.input_layernorm(x), cos, sin, allow, kv)
         return x + self.mlp(self.post_attention_layernorm(x), blocks)
-
-
-class CPUWeights(NamedTuple):
-    """A CPULayer's weights as its kernels take them: numpy views of the parameters' storage."""
-
-    w_in: np.ndarray  # [C] the input norm's
-    w_post: np.ndarray  # [C] the post-attention norm's
-    w_qkv: np.ndarray  # [C, (H + 2K) * D]
-    w_q: np.ndarray  # [D] the query norm's
-    w_k: np.ndarray  # [D] the key norm's
-    w_dense: np.ndarray  # [H * D, C]
-    gate_up: np.ndarray  # [G, C, 2I]: each group's gate and up (the routed experts, then the shared one)
-    down: np.ndarray  # [G, I, C]
-    router: tuple  # cpu.mlp's router arguments (cpu.dense_router for a dense MLP: one group)
-
-
-class CPULayer:
-    """A DecoderLayer's inference forward on the CPU in float32, over numpy arrays, as LLaDA2._flat runs
-    it: `cpu.attend` (the QKV GEMM, q/k norm and RoPE, the paged cache's write and gather), torch's
-    attention (`attention_out`), then `cpu.mlp_attend` (the output projection with the residual, the
-    post-attention norm, the router's GEMM, the routing and grouping by expert, the experts' GEMMs with
-    SwiGLU, the weighted sum with the shared expert and the residual, the next layer's input norm and its
-    `attend`), so between two attentions a step calls one kernel (the last layer: `cpu.mlp`, the final
-    norm). The kernels' GEMMs call the BLAS routine torch's own calls (cpu.GEMM): torch's products bit for
-    bit; the norms, SiLU and sums agree within float32 rounding (tests/test_kernels_cpu.py).
-
-    Holds the layer's parameters and hands the kernels numpy views of their storage (`weights`), so
-    values loaded in place and a parameter's `.data` replaced are seen (replacing a parameter object
-    needs cpu_layout again); where the MLP's weights left cpu_layout's storage, `weights` is None and
-    LLaDA2.forward runs the modules."""
-
-    def __init__(self, layer: DecoderLayer):
-        attention, mlp = layer.attention, layer.mlp
-        self.layer_idx = attention.layer_idx
-        self.H, self.K = attention.n_head, attention.n_kv
-        self.attention, self.mlp, self.eps = attention, mlp, layer.input_layernorm.eps
-        self.w_in, self.w_post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-        self.params = [self.w_in, self.w_post, attention.query_key_value.weight, attention.query_layernorm.weight,
-                       attention.key_layernorm.weight, attention.dense.weight, *mlp.parameters()]  # fmt: skip
-        self.expert_ids: np.ndarray | None = None  # the last forward's routing [N, A] (benchmarks read it)
-        self._weights: tuple[tuple[int, ...], CPUWeights | None] | None = None
-
-    def weights(self) -> CPUWeights | None:
-        """The kernels' weight arguments (numpy views of the parameters' storage), made again when a
-        parameter's storage moved; None where the MLP's weights are not in cpu_layout's storage."""
-        key = tuple(p.data_ptr() for p in self.params)
-        if self._weights is None or self._weights[0] != key:
-            self._weights = key, self._make_weights()
-        return self._weights[1]
-
-    def _make_weights(self) -> CPUWeights | None:
-        attention, mlp = self.attention, self.mlp
-        if isinstance(mlp, SparseMoE):
-            experts, joint, r = mlp.experts, mlp.joint_weights(), mlp.gate
-            if joint is None:  # no shared expert: the routed experts' own storage
-                both = fused_gate_up(experts.gate_up, experts.w_gate, experts.w_up)
-                if mlp.shared_experts is not None or both is None:
-                    return None
-                joint = both, experts.w_down.transpose(1, 2)
-            router = (cpu.array(r.weight).T, cpu.array(r.expert_bias), r.n_group, r.topk_group, r.top_k, r.scale,
-                      r.normalise, mlp.shared_experts is not None)  # fmt: skip
-        else:
-            both = fused_gate_up(mlp.gate_up, mlp.gate_proj.weight, mlp.up_proj.weight)
-            if both is None:
-                return None
-            joint, router = (both[None], mlp.down_proj.weight.T[None]), cpu.dense_router(both.shape[0])
-        if not all(w.is_contiguous() for w in joint):
-            return None
-        return CPUWeights(cpu.array(self.w_in), cpu.array(self.w_post), cpu.array(attention.query_key_value.weight.T),
-                          cpu.array(attention.query_layernorm.weight), cpu.array(attention.key_layernorm.weight),
-                          cpu.array(attention.dense.weight.T), cpu.array(joint[0]), cpu.array(joint[1]), router)  # fmt: skip
-
-    def attend_args(self, w: CPUWeights, cos: np.ndarray, sin: np.ndarray, B: int, host: tuple | None) -> tuple:
-        """cpu.attend's arguments after the normed rows: this layer's weights, the RoPE rows cos / sin [B * T
-        or T, R], and `host`'s pools and slots for this layer (PagedView.host_pools; None: no paged cache)."""
-        pools = () if host is None else (host[0][self.layer_idx], host[1][self.layer_idx], *host[2:])
-        return (w.w_qkv, w.w_q, w.w_k, self.eps, cos, sin, self.H, self.K, B, *pools)
-
-    def mlp_args(self, w: CPUWeights) -> tuple:
-        """cpu.mlp's arguments after x and the attention's output rows."""
-        return w.w_dense, w.w_post, self.eps, w.gate_up, w.down, w.router
-
-    def attention_out(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, allow: torch.Tensor | None, kv,
-                  host: tuple | None) -> np.ndarray:  # fmt: skip
-        """The attention of q [B, H, T, D] over the keys and values [B, K, S, D] (cpu.attend's) -> its
-        output rows [B * T, H * D]. Without the paged cache (`host` None) a `kv` view's `update` takes this
-        forward's keys and values and gives every visible one."""
-        q, k, v = torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v)
-        if host is None and kv is not None:
-            k, v = kv.update(self.layer_idx, k, v)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allow, enable_gqa=self.K != self.H)  # [B, H, T, D]
-        return out.transpose(1, 2).numpy().reshape(q.shape[0] * q.shape[2], -1)
 
 
 class LLaDA2Backbone(nn.Module):
@@ -613,6 +539,19 @@ class LLaDA2(nn.Module):
         # A model split over devices (loader's `devices`): the device that takes over at each boundary,
         # keyed by the first layer it holds (num_hidden_layers: the final norm and head). {}: one device.
         self.hops: dict[int, torch.device] = {}
+        self.register_load_state_dict_post_hook(_rebuild_runner)
+
+    # The CPU runner (model/cpu_runner.py), built at load by cpu_runner.prepare: where it runs a forward
+    # (`runs`), LLaDA2.forward hands it the embeddings; None: the modules run every forward.
+    runner = None
+    runner_builder = None  # cpu_runner.prepare, set by it: what rebuilds the runner after a change
+
+    def _apply(self, fn, *args, **kwargs):
+        """nn.Module's `.to()`, `.float()`, `.cuda()`...: the CPU runner's arrays would read the old
+        storage, so it is rebuilt (or dropped, logged, where the model no longer qualifies)."""
+        out = super()._apply(fn, *args, **kwargs)
+        _rebuild_runner(self)
+        return out
 
     @property
     def device(self) -> torch.device:
@@ -651,7 +590,7 @@ class LLaDA2(nn.Module):
         start: int = 0,
         block_size: int = 32,
         last_n: int | None = None,  # logits only for the last n rows (0: none, for a prefill)
-        kv=None,  # a view with `update`, `positions` and `allow` (engine/cache.py), instead of cache/start
+        kv: KVView | None = None,  # the cache's view for this forward (engine/cache.py), instead of cache/start
     ) -> torch.Tensor | None:
         B, T = input_ids.shape
         input_ids = input_ids.to(self.model.word_embeddings.weight.device)
@@ -670,13 +609,11 @@ class LLaDA2(nn.Module):
             allow = additive_mask(allow, self.dtype)  # once, not once per layer inside attention
         blocks = None
         if self.config.block_routing:  # LLaDA2.2: its routing blocks, from absolute positions, padding out
-            real = getattr(kv, "real", None) if kv is not None else None
+            real = kv.real if kv is not None else None
             blocks = RoutingBlocks.of(positions, real, B, self.config.block_size)
         x = self.model.word_embeddings(input_ids)
-        if self.model.layers[0].fused is not None and not self.hops and cpu.enabled(x) and not kernels.enabled(x):
-            flat = self._flat(x, positions, allow, kv, last_n)  # cpu_layout's flat layers (float32, no autograd)
-            if flat is not NotImplemented:
-                return flat
+        if self.runner is not None and self.runner.runs(x):  # the CPU runner's flat layers (float32, no autograd)
+            return self.runner.forward(x, positions, allow, kv, last_n)
         cos, sin = rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta, self.dtype)
         if positions.dim() == 2:  # per-row positions: [B, T, r] -> [B, 1, T, r], broadcast over heads
             cos, sin = cos[:, None], sin[:, None]
@@ -692,103 +629,16 @@ class LLaDA2(nn.Module):
             x = x[:, -last_n:]
         return self.lm_head(self.model.norm(x))
 
-    def _flat(self, x: torch.Tensor, positions: torch.Tensor, allow: torch.Tensor | None, kv, last_n: int | None):
-        """forward through cpu_layout's flat layers (CPULayer) from the embeddings x [B, T, C], over numpy
-        arrays, each layer norming the next one's input (the last, the final norm's); NotImplemented where
-        a layer's weights left cpu_layout's storage (the modules' path runs)."""
-        layers = [layer.fused for layer in self.model.layers]
-        weights = [layer.weights() for layer in layers]
-        if any(w is None for w in weights):
-            return NotImplemented
-        B, T, C = x.shape
-        # each position's row of the RoPE tables made once (the same numbers: a row is its position's own)
-        cos, sin = (F.embedding(positions, table).numpy().reshape(-1, table.shape[1])
-                    for table in self.rope_tables(positions.device))  # fmt: skip
-        host = kv.host_pools() if kv is not None and hasattr(kv, "host_pools") else None
-        normed = cpu.rms_norm(x, self.model.layers[0].input_layernorm.weight, layers[0].eps).view(B * T, C).numpy()
-        x = x.view(B * T, C).numpy()
-        final = cpu.array(self.model.norm.weight) if last_n != 0 else None  # (none for a prefill)
-        qkv = cpu.attend(normed, *layers[0].attend_args(weights[0], cos, sin, B, host))
-        for i, layer in enumerate(layers):  # an attention, then one kernel to the next layer's q, k and v
-            attn = layer.attention_out(*qkv, allow, kv, host)
-            if i + 1 < len(layers):
-                x, layer.expert_ids, qkv = cpu.mlp_attend(
-                    x, attn, *layer.mlp_args(weights[i]), weights[i + 1].w_in,
-                    *layers[i + 1].attend_args(weights[i + 1], cos, sin, B, host))  # fmt: skip
-            else:
-                x, normed, layer.expert_ids = cpu.mlp(x, attn, *layer.mlp_args(weights[i]), final)
-        if last_n == 0:
-            return None
-        rows = normed if last_n is None or last_n == T else normed.reshape(B, T, C)[:, T - last_n :].reshape(-1, C)
-        return torch.from_numpy(cpu.gemm(rows, cpu.array(self.lm_head.weight.T))).view(B, -1, self.config.vocab_size)
+
+def _rebuild_runner(model: LLaDA2, *_) -> None:
+    """After a parameter change (_apply, load_state_dict): the CPU runner made again from the new storage."""
+    if model.runner is not None and model.runner_builder is not None:
+        model.runner = None
+        model.runner_builder(model)
 
 
-def cpu_layout(model: LLaDA2) -> None:
-    """Stores the weights as a CPU GEMM reads them fastest, values and shapes unchanged: each matrix
-    [out, in] becomes the transposed view of a contiguous [in, out] one (F.linear then multiplies by a
-    contiguous right-hand side: about a quarter faster here at a step's shapes), and each SwiGLU's gate
-    and up share one [in, 2 * inner] storage (`gate_up`), which its forward multiplies in one GEMM; a
-    shared expert as wide as a routed one is stored as the routed experts' last (joint_storage).
-    FP8 experts keep their layout. Saving copies every weight contiguous (loader.save_model). Each layer
-    also gets its flat inference forward (`fused`, a CPULayer), which LLaDA2.forward runs where the CPU
-    kernels' switch is on."""
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, MLP):
-                both = torch.cat([module.gate_proj.weight.T, module.up_proj.weight.T], dim=1)  # [C, 2I]
-                inner = module.gate_proj.weight.shape[0]
-                module.gate_proj.weight.data, module.up_proj.weight.data = both[:, :inner].T, both[:, inner:].T
-                module.gate_up = both
-            elif type(module) is Experts:
-                both = torch.cat([module.w_gate.transpose(1, 2), module.w_up.transpose(1, 2)], dim=2)  # [E, C, 2I]
-                inner = module.w_gate.shape[1]
-                module.w_gate.data = both[:, :, :inner].transpose(1, 2)
-                module.w_up.data = both[:, :, inner:].transpose(1, 2)
-                module.w_down.data = module.w_down.transpose(1, 2).contiguous().transpose(1, 2)
-                module.gate_up = both
-        for module in model.modules():
-            if isinstance(module, nn.Linear) and module.weight.is_contiguous():
-                module.weight.data = module.weight.T.contiguous().T
-        for module in model.modules():
-            if isinstance(module, SparseMoE):
-                joint_storage(module)
-    if not isinstance(model, LLaDA2):
-        return
-    # The flat forward of each layer (CPULayer), for every layer or none: not for LLaDA2.2's block
-    # routing or FP8 experts (their modules' paths run)
-    layers = model.model.layers
-    plain = all(not isinstance(layer.mlp, SparseMoE) or type(layer.mlp.experts) is Experts for layer in layers)
-    fused = cpu.GEMM is not None and plain and not model.config.block_routing
-    for layer in layers:
-        layer.fused = CPULayer(layer) if fused else None
-    if fused and cpu.ON and model.dtype == torch.float32:  # compiles what a step runs (a one-token forward)
-        cpu.warm_up(lambda: model(torch.zeros(1, 1, dtype=torch.long, device=model.device)))
-
-
-def joint_storage(moe: SparseMoE) -> None:
-    """cpu_layout's storage for a sparse MoE whose one shared expert is as wide as a routed one: its
-    weights become the routed experts' last group (SparseMoE.joint), so the CPU layer runs them all in
-    the same two grouped GEMMs; the parameters become views of it, values unchanged."""
-    experts, shared = moe.experts, moe.shared_experts
-    E, I, C = experts.w_gate.shape
-    if shared is None or type(experts) is not Experts or tuple(shared.gate_proj.weight.shape) != (I, C):
-        return
-    gate_up = torch.empty(E + 1, C, 2 * I, dtype=experts.w_gate.dtype, device=experts.w_gate.device)
-    down = torch.empty(E + 1, I, C, dtype=experts.w_down.dtype, device=experts.w_down.device)
-    gate_up[:E, :, :I], gate_up[:E, :, I:] = experts.w_gate.transpose(1, 2), experts.w_up.transpose(1, 2)
-    gate_up[E, :, :I], gate_up[E, :, I:] = shared.gate_proj.weight.T, shared.up_proj.weight.T
-    down[:E], down[E] = experts.w_down.transpose(1, 2), shared.down_proj.weight.T
-    experts.w_gate.data, experts.w_up.data = gate_up[:E, :, :I].transpose(1, 2), gate_up[:E, :, I:].transpose(1, 2)
-    experts.w_down.data, experts.gate_up = down[:E].transpose(1, 2), gate_up[:E]
-    shared.gate_proj.weight.data, shared.up_proj.weight.data = gate_up[E, :, :I].T, gate_up[E, :, I:].T
-    shared.down_proj.weight.data, shared.gate_up = down[E].T, gate_up[E]
-    moe.joint = gate_up, down
-    moe.joint_pointers = tuple(w.data_ptr() for w in (experts.w_gate, experts.w_up, experts.w_down, shared.gate_proj.weight,
-                                                      shared.up_proj.weight, shared.down_proj.weight))  # fmt: skip
-
-
-def fused_gate_up(both: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
-    """`both` (cpu_layout's [.., C, 2I]) while it still is the storage of `gate` and `up` (a later
+def stored_gate_up(both: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
+    """`both` (cpu_runner.layout's [.., C, 2I]) while it still is the storage of `gate` and `up` (a later
     `.to()` or load replaces theirs) and no gradient has to reach them; else None (and under
     torch.compile, which cannot trace the storage check: the separate GEMMs read the same weights)."""
     if both is None or (torch.is_grad_enabled() and gate.requires_grad) or torch.compiler.is_compiling():

@@ -21,11 +21,11 @@ from torch import nn
 from transformers import AutoConfig
 
 from ..errors import CheckpointError, DoesNotFit, LoadAbandoned
-from . import fp8
+from . import cpu_runner, fp8
 from .config import LLaDA2Config
 from .family import EDIT_KEYS
 from .files import EMBEDDED_MODEL, SIZE_KEYS, check_sizes, resolve_path, stored_shapes, weight_files  # noqa: F401
-from .llada2 import LLaDA2, compute_dtype, cpu_layout
+from .llada2 import LLaDA2, compute_dtype
 from .plan import LAYER_OF_NAME, MemoryPlan, ModelShape, device_of_slots, fmt_bytes, plan_of, render, slot_of
 
 logger = logging.getLogger("llada_lsp.model")
@@ -291,9 +291,9 @@ def load_model(
                     fmt_bytes(max(file.stat().st_size for file in files)))  # fmt: skip
     model.load_state_dict(weights, assign=True)
     model.eval().requires_grad_(False)
-    if all(t.type == "cpu" for t in targets):
-        cpu_layout(model)
     model.hops = hops_of(plan, targets, config.num_hidden_layers)
+    if all(t.type == "cpu" for t in targets):
+        cpu_runner.prepare(model)  # the weights laid out for the CPU's GEMM, and the flat runner where it runs
     fill_special_ids(model.config, folder)
     return model
 

@@ -128,7 +128,7 @@ class LocalCompleter:
             out["error"] = self.worker.error
         if self.worker.state == "ready" and self.worker.model is not None:
             fields = self.worker.model.family_fields()
-            out.update({key: fields[key] for key in ("family", "decoding") if key in fields})
+            out.update({key: fields[key] for key in ("family", "decoding", "kernels") if key in fields})
         return out
 
     def stop(self) -> bool:
@@ -236,7 +236,9 @@ class RemoteCompleter:
         if error:
             out["error"] = error
         if state == "ready" and last is not None and last.family is not None:
-            out.update(family=last.family, decoding=last.decoding)
+            out.update(
+                family=last.family, decoding=last.decoding, **({"kernels": last.kernels} if last.kernels else {})
+            )
         return out
 
     def stop(self) -> bool:

@@ -4,10 +4,11 @@ scheduler reads them. At a step's sizes each replaces a dozen torch ops that cos
 than to compute.
 
 Their references are the engine's torch paths (cache.device_tables; policy.first_max and the mask
-search of _cpu_guesses; scheduler.packed_decisions), which stay the path on every other device;
+search of _cpu_guesses; policy.packed_decisions), which stay the path on every other device;
 tests/test_cpu_step.py holds these to them. The tables run where `host_enabled(rows)` says so, the
-rule where `cpu.enabled(logits)` does. Bulk passes over the logits stay in torch (see cpu.py). Knows
-nothing of sequences, the cache's pages or the model.
+rule where `cpu.enabled(logits)` does (both read kernels/kernel_backend.py's one decision). Bulk passes over
+the logits stay in torch (see kernels/cpu.py). The layouts are step_layout.py's. Knows nothing of
+sequences, the cache's pages or the model.
 """
 
 from __future__ import annotations
@@ -15,14 +16,28 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import cpu
-from .cpu import jit
+from .. import kernel_backend as backend
+from ..kernels import cpu
+from ..kernels.cpu import jit
+from .step_layout import (
+    CONFIDENCE,
+    CONFIDENCE_SCALE,
+    EDITED,
+    FILLED,
+    FINITE,
+    FROZEN,
+    MASK,
+    OUTSIDE,
+    TOKENS,
+    Decisions,
+    Ints,
+)
 
 
 def host_enabled(t: torch.Tensor) -> bool:
     """Whether the host kernels (integer work, no activations) run for t: a CPU tensor, numba present,
-    not under torch.compile, unless LLADA_LSP_KERNELS=0 at start (cpu.ON, the switch cpu.enabled reads)."""
-    return cpu.ON and t.device.type == "cpu" and not torch.compiler.is_compiling()
+    not under torch.compile, where the backend runs the CPU kernels (the decision cpu.enabled reads)."""
+    return backend.current().cpu and t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 # --- the step's slot tables ---------------------------------------------------------------------------
@@ -133,15 +148,14 @@ def guesses(logits: torch.Tensor, mask_id: int | torch.Tensor | np.ndarray,
 
 @jit
 def _decisions_kernel(ids, head, conf, argmax, limits, vocab, scale, out, masked):
-    """ids [B, D]: each row's last D query ids; head [B, 4]: frozen prompt positions, mask id, (unused),
-    outside; conf [B, D] float32 and argmax [B, D]: the rule's guesses; limits [B, 2] float32 (threshold,
+    """ids [B, D]: each row's last D query ids; head [B, HEAD]: Ints' head (FROZEN, MASK, OUTSIDE read); conf [B, D] float32 and argmax [B, D]: the rule's guesses; limits [B, 2] float32 (threshold,
     editing); scale float32 -> out [B, 4D + 1] (tokens, filled, edited, confidence * scale, all finite),
     masked [B, D]. Returns, per row, whether its fallback fill needs torch.topk's tie order (no mask
     above the threshold, and its best masks tied or one NaN): such a row's fallback is the caller's."""
     B, D = ids.shape
     pending = np.zeros(B, dtype=np.bool_)
     for b in range(B):
-        frozen_n, mask, outside = head[b, 0], head[b, 1], head[b, 3]
+        frozen_n, mask, outside = head[b, FROZEN], head[b, MASK], head[b, OUTSIDE]
         fill_above, edit_above = limits[b, 0], limits[b, 1]
         finite, any_filled, has_nan = 1, False, False
         best, best_at, tied = np.float32(-1.0), -1, False
@@ -163,9 +177,9 @@ def _decisions_kernel(ids, head, conf, argmax, limits, vocab, scale, out, masked
                     tied = True
                 elif c > best:
                     best, best_at, tied = c, d, False
-            out[b, d] = argmax[b, d] if filled or edited else token
-            out[b, D + d] = filled
-            out[b, 2 * D + d] = edited
+            out[b, TOKENS * D + d] = argmax[b, d] if filled or edited else token
+            out[b, FILLED * D + d] = filled
+            out[b, EDITED * D + d] = edited
             if not np.isfinite(c) and slot >= 0:
                 finite = 0
             # nan_to_num(0), clamp(0, 1), times the scale: float32 all through, as torch rounds it
@@ -173,36 +187,37 @@ def _decisions_kernel(ids, head, conf, argmax, limits, vocab, scale, out, masked
                 c = np.float32(0.0)
             elif c > np.float32(1.0):
                 c = np.float32(1.0)
-            out[b, 3 * D + d] = np.int64(c * scale)
-        out[b, 4 * D] = finite
+            out[b, CONFIDENCE * D + d] = np.int64(c * scale)
+        out[b, FINITE * D] = finite
         if any_filled:
             continue
         if tied or has_nan:  # torch.topk's order decides among them
             pending[b] = True
         elif best_at >= 0:  # the single most confident mask
-            out[b, best_at] = argmax[b, best_at]
-            out[b, D + best_at] = 1
+            out[b, TOKENS * D + best_at] = argmax[b, best_at]
+            out[b, FILLED * D + best_at] = 1
     return pending
 
 
-def packed_decisions(ints: torch.Tensor, width: int, D: int, logits: torch.Tensor, limits: torch.Tensor,
-                     vocab: int, scale: int) -> torch.Tensor:  # fmt: skip
-    """scheduler.packed_decisions on the CPU: the same [B, 4D + 1] int64 decisions (`ints` and `limits`
-    StepInputs' layout, logits [B, D, V] float32 contiguous, overwritten: the step reads them no more),
+def packed_decisions(ints: torch.Tensor, layout: Ints, D: int, logits: torch.Tensor, limits: torch.Tensor,
+                     vocab: int) -> torch.Tensor:  # fmt: skip
+    """policy.packed_decisions on the CPU: the same Decisions rows [B, 4D + 1] int64 (`ints` and `limits`
+    in step_layout's layouts, logits [B, D, V] float32 contiguous, overwritten: the step reads them no more),
     from `guesses` and one kernel call. A row whose fallback fill is a tie (or NaN) takes torch.topk's
     choice, as the generic rule does."""
     host = ints.numpy()
-    ids, head = host[:, width - D : width], host[:, width : width + 4]
-    conf, argmax = guesses(logits, head[:, 1], overwrite=True)  # [B, D] each
-    out = np.empty((ids.shape[0], 4 * D + 1), dtype=np.int64)
+    ids, head = layout.decided_ids(host, D), layout.head(host)
+    conf, argmax = guesses(logits, head[:, MASK], overwrite=True)  # [B, D] each
+    out = np.empty((ids.shape[0], Decisions.width(D)), dtype=np.int64)
     masked = np.empty(ids.shape, dtype=np.bool_)
-    pending = _decisions_kernel(ids, head, conf, argmax, limits.numpy(), vocab, np.float32(scale), out, masked)
+    pending = _decisions_kernel(ids, head, conf, argmax, limits.numpy(), vocab, np.float32(CONFIDENCE_SCALE), out,
+                                masked)  # fmt: skip
     if pending.any():  # rare: exact ties (or NaN) among a row's best masks
         keyed = torch.from_numpy(conf).masked_fill(~torch.from_numpy(masked), -1.0)
         best = keyed.topk(1, dim=-1).indices[:, 0].numpy()
         for b in np.flatnonzero(pending):
-            out[b, best[b]] = argmax[b, best[b]]
-            out[b, D + best[b]] = 1
+            out[b, TOKENS * D + best[b]] = argmax[b, best[b]]
+            out[b, FILLED * D + best[b]] = 1
     return torch.from_numpy(out)
 
 
@@ -210,18 +225,18 @@ def warm_up() -> None:
     """Runs every kernel here once on tiny inputs of the types and layouts a step passes (one row and
     several), through cpu.warm_up: compiled or loaded when the scheduler starts on the CPU, not in a first
     answer; a failure turns every CPU kernel off."""
-    if cpu.ON:
+    if backend.current().cpu:
         cpu.warm_up(_tiny_steps)
 
 
 def _tiny_steps() -> None:
     width, D, V = 4, 2, 64
     for B in (1, 2):  # one row's slices are contiguous, several rows' strided: a compile each
-        ints = torch.zeros(B, width + 4 + 3, dtype=torch.int64)
-        ints[:, width + 5] = width
+        layout = Ints(width)
+        ints = torch.tensor([Ints.row([], width, 0, 0, -1, 0, [0, width, 0])] * B)
         for visible in (True, False):
-            paged_tables(ints.numpy()[:, width + 4 :], width, width, 4, visible, 0)
+            paged_tables(layout.descriptors(ints.numpy()), width, width, 4, visible, 0)
         logits = torch.zeros(B, D, V)
-        packed_decisions(ints, width, D, logits, torch.ones(B, 2), V, 1)
+        packed_decisions(ints, layout, D, logits, torch.ones(B, 2), V)
         guesses(logits, torch.zeros(B, dtype=torch.int64))
     guesses(logits, 0)
