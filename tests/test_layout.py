@@ -162,6 +162,8 @@ def test_the_rooms_stay_small():
     big = {str(p.relative_to(PACKAGE)): n for room in SMALL_ROOMS for p in (PACKAGE / room).glob("*.py")
            if (n := len(p.read_text().splitlines())) > MAX_LINES}  # fmt: skip
     assert not big, f"files over {MAX_LINES} lines: {big}"
+    server = len((PACKAGE / "server" / "language_server.py").read_text().splitlines())
+    assert server < 300, f"server/language_server.py has {server} lines: the server's state stays thin"
 
 
 def test_every_command_entry_point_is_in_commands():
@@ -189,11 +191,9 @@ def test_no_engine_code_under_kernels():
     assert not engine_only, f"kernel modules only the engine uses (move them to engine/): {engine_only}"
 
 
-# Module names used twice, known and listed so that no new one slips in: the two context.py (completion's
-# ranking and rendering, server's workspace reader) and the two next_edit.py (completion's plan, the LSP
-# front's handler) are to be split and renamed by issue 56's context work (item 6); remove a pair here when
-# it is gone (the test then says so). commands/ is left out: its modules are named after their commands.
-KNOWN_TWINS = {"context.py", "next_edit.py"}
+# Module names used twice: none. A pair that must stay (it should not) is listed here, and the test says
+# when it is gone. commands/ is left out: its modules are named after their commands.
+KNOWN_TWINS: set[str] = set()
 
 
 def test_no_module_name_is_used_twice():

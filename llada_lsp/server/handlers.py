@@ -1,6 +1,6 @@
 """The LSP handlers, each a few lines: fetch the document, start a model job or call a pure function,
 convert to lsprotocol types; and `create_server`, which registers them with those of inline
-completions (inline.py) and next edits (next_edit.py).
+completions (inline.py) and next edits (next_edit_requests.py).
 
 Knows pygls and lsprotocol, and jobs as plain values; the server's state is language_server.py.
 """
@@ -19,7 +19,7 @@ from pygls.protocol import default_converter
 from ..completion import snippets
 from ..completion.jobs import Rewrite
 from ..completion.syntax import is_python
-from . import inline, next_edit
+from . import inline, next_edit_requests
 from .actions import REWRITE, apply_rewrite, code_action, not_applied, tell_unapplied
 from .ale import is_ale
 from .completers import rewrite_key
@@ -170,7 +170,7 @@ def exit_(ls: LladaServer, params: None) -> None:
 async def code_actions(ls: LladaServer, params: types.CodeActionParams) -> list[types.CodeAction]:
     """ "Rewrite selection (LLaDA)" for a non-empty range, and "Apply suggested edit" where a next edit
     is suggested at the cursor: one handler, as the LSP has one method for both."""
-    return code_action(ls, params) + await next_edit.code_actions(ls, params)
+    return code_action(ls, params) + await next_edit_requests.code_actions(ls, params)
 
 
 def create_server(launch: Launch, server: type[LladaServer] = LladaServer) -> LladaServer:
@@ -187,5 +187,5 @@ def create_server(launch: Launch, server: type[LladaServer] = LladaServer) -> Ll
     ls.command(REWRITE)(rewrite_selection)
     ls.command(STATUS)(status)
     ls.feature(CONTEXT)(context_chunk)
-    next_edit.register(ls)
+    next_edit_requests.register(ls)
     return ls

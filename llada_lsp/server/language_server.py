@@ -1,7 +1,8 @@
 """The language server's state (`LladaServer`, one per client): the client's settings, its open
 documents (open_documents.py), where completions come from (a `Completer`: completers.py), the
-model's load (load_progress.py), the status pushed to the client, feedback to the user, the context of
-other files (cross_file.py) and the model jobs the handlers start (handlers.py, inline.py, next_edit.py).
+model's load (load_progress.py), the status pushed to the client, feedback to the user, the context
+of other files (cross_file.py) and the model jobs the handlers start (handlers.py, inline.py,
+next_edit_requests.py).
 
 Knows nothing of tensors or token ids, nor of a backend: the model in this process is loaded by the
 loader the starting command hands in (`Launch.loader`) on the model thread, never here.
@@ -287,7 +288,6 @@ class LladaServer(LanguageServer):
         be read from. Resolved here, not per completion (each resolves every folder's real path)."""
         self.context.set_roots([*(f.uri for f in self.workspace.folders.values()), self.workspace.root_uri])
 
-    # --- model jobs -----------------------------------------------------------------------------
     async def run_job(self, key: str, label: str, job: Job, on_draft: DraftCallback | None = None) -> Outcome:
         """`job` on the engine; it supersedes the running job of `key`. A failure's message has no
         "llada:" of its own: clients name the server ("llada: rewrite failed: ..."), and it was said twice."""
