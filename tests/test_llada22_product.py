@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import LLADA22_EDIT_IDS, make_llada22_checkpoint
 
+from llada_lsp import kernel_backend
 from llada_lsp.address import Address
 from llada_lsp.backends import native
 from llada_lsp.commands import engine, generate, plan, serve
@@ -100,7 +101,8 @@ def test_the_native_backend_loads_the_override_and_says_the_family(llada22, one_
     assert model.family_fields() == {
         "family": "LLaDA2.2", "decoding": "JointThresholdInDel",
         "family_line": "LLaDA2.2: block routing (4 experts per 32-token block), decoding JointThresholdInDel "
-                       "(DELETE 8000, INSERT 8001, override)"}  # fmt: skip
+                       "(DELETE 8000, INSERT 8001, override)",
+        "kernels": kernel_backend.current().line()}  # fmt: skip
 
 
 async def test_the_language_servers_model_says_its_family_once_loaded(llada22, one_torch_thread):
