@@ -14,7 +14,12 @@ slowed by the test hook, so they land between keys). After every action:
   undo and redo go back to a text the buffer had), and not at all while the run waits;
 - an accept inserted exactly what was on screen when its key was read.
 
-The same seed replays the same actions; a failure names the seed, the action's number and the last
+Each action's number of new undo states is kept: one that makes more than one (an undo step ending inside
+it) is named on a failure and in the figures, since undo and redo can then reach a text no action left;
+--log FILE writes every action with its buffers' undo states.
+
+The same seed makes the same random draws (which actions a run takes also depends on when ghost text
+lands, so a replay of a long run may part from it); a failure names the seed, the action's number and the last
 actions. `python tests/e2e/fuzz_nvim.py --help` runs it from the command line (the long runs);
 tests/e2e/test_nvim_fuzz.py runs short ones with fixed seeds.
 """
@@ -462,7 +467,8 @@ def fuzz(
                 if fuzzer.log:
                     fuzzer.log.close()
             return {"path": path, "seed": seed, "actions": actions, "seconds": round(time.monotonic() - started, 1),
-                    "actions with ghost text shown": fuzzer.shown, "accepts of ghost text": fuzzer.accepts}  # fmt: skip
+                    "actions with ghost text shown": fuzzer.shown, "accepts of ghost text": fuzzer.accepts,
+                    "actions that made several undo states": fuzzer.split}  # fmt: skip
         finally:
             editor.close()
 
