@@ -14,7 +14,12 @@ slowed by the test hook, so they land between keys). After every action:
   undo and redo go back to a text the buffer had), and not at all while the run waits;
 - an accept inserted exactly what was on screen when its key was read.
 
-The same seed replays the same actions; a failure names the seed, the action's number and the last
+Each action's number of new undo states is kept: one that makes more than one (an undo step ending inside
+it) is named on a failure and in the figures, since undo and redo can then reach a text no action left;
+--log FILE writes every action with its buffers' undo states.
+
+The same seed makes the same random draws (which actions a run takes also depends on when ghost text
+lands, so a replay of a long run may part from it); a failure names the seed, the action's number and the last
 actions. `python tests/e2e/fuzz_nvim.py --help` runs it from the command line (the long runs);
 tests/e2e/test_nvim_fuzz.py runs short ones with fixed seeds.
 """
@@ -92,7 +97,7 @@ local bufs = {}
 for _, b in ipairs(api.nvim_list_bufs()) do
   if api.nvim_buf_is_loaded(b) and vim.bo[b].buftype == '' and api.nvim_buf_get_name(b) ~= '' then
     bufs[#bufs + 1] = { buf = b, name = vim.fs.basename(api.nvim_buf_get_name(b)),
-                        lines = api.nvim_buf_get_lines(b, 0, -1, true) }
+                        lines = api.nvim_buf_get_lines(b, 0, -1, true), undo = vim.fn.undotree(b).seq_last }
   end
 end
 return { mode = api.nvim_get_mode().mode, buf = api.nvim_get_current_buf(), cursor = api.nvim_win_get_cursor(0),
@@ -112,6 +117,7 @@ class State:
     texts: dict[int, str]  # buffer -> text
     names: dict[int, str]
     ghost: dict | None
+    undo: dict[int, int] = field(default_factory=dict)  # buffer -> its newest undo state's number (seq_last)
 
     @property
     def text(self) -> str:
@@ -139,6 +145,9 @@ class Fuzzer:
     accepts: dict[str, int] = field(default_factory=dict)
     marker: int = 0
     shown: int = 0  # actions that began with ghost text on screen
+    log: object = None  # a file the actions are written to, one line each
+    # Actions that made more than one undo state in a buffer: (action number, name, buffer, states made)
+    split: list[tuple[int, str, int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -149,7 +158,8 @@ class Fuzzer:
         raw = self.editor.lua(_STATE_LUA)
         texts = {b["buf"]: "\n".join(b["lines"]) for b in raw["bufs"]}
         names = {b["buf"]: b["name"] for b in raw["bufs"]}
-        return State(raw["mode"], raw["buf"], tuple(raw["cursor"]), texts, names, raw.get("ghost"))
+        undo = {b["buf"]: b["undo"] for b in raw["bufs"]}
+        return State(raw["mode"], raw["buf"], tuple(raw["cursor"]), texts, names, raw.get("ghost"), undo)
 
     def keys(self, keys: str) -> None:
         """Types {keys} and returns once the editor has handled them and what they scheduled."""
@@ -164,8 +174,9 @@ class Fuzzer:
 
     def fail(self, what: str) -> None:
         recent = "\n  ".join(self.done[-12:])
+        split = f"\n  actions that made several undo states: {self.split[-8:]}" if self.split else ""
         raise FuzzFailure(
-            f"seed {self.seed} (--path {self.path}), action {len(self.done)}: {what}\n  last actions:\n  {recent}"
+            f"seed {self.seed} (--path {self.path}), action {len(self.done)}: {what}\n  last actions:\n  {recent}{split}"
         )
 
     # --- the actions --------------------------------------------------------------------------
@@ -190,6 +201,13 @@ class Fuzzer:
         description, expect = getattr(self, f"do_{name}")(before)
         self.done.append(f"{name}: {description}")
         after = self.state()
+        for buf, seq in after.undo.items():
+            made = seq - before.undo.get(buf, seq)
+            if made > 1:
+                self.split.append((len(self.done), name, buf, made))
+        if self.log:
+            print(f"{len(self.done)} buf {before.buf} mode {before.mode} -> {after.mode} undo {after.undo} "
+                  f"{self.done[-1]}", file=self.log, flush=True)  # fmt: skip
         self.check(before, after, name, expect)
         for buf, text in after.texts.items():
             self.history.setdefault(buf, set()).add(text)
@@ -432,16 +450,25 @@ def start_editor(path: str, workdir: Path, step_delay_ms: int = 15) -> Editor:
     return editor
 
 
-def fuzz(path: str, seed: int, actions: int, step_delay_ms: int = 15, progress: bool = False) -> dict:
+def fuzz(
+    path: str, seed: int, actions: int, step_delay_ms: int = 15, progress: bool = False, log: str | None = None
+) -> dict:
     """One run; returns its figures. Raises FuzzFailure (naming the seed) at the first broken check."""
     with tempfile.TemporaryDirectory(prefix="llada-fuzz-") as folder:
         editor = start_editor(path, Path(folder), step_delay_ms)
         try:
             started = time.monotonic()
             fuzzer = Fuzzer(editor, seed, path)
-            fuzzer.run(actions, progress)
+            if log:
+                fuzzer.log = open(log, "w")  # noqa: SIM115 (closed below)
+            try:
+                fuzzer.run(actions, progress)
+            finally:
+                if fuzzer.log:
+                    fuzzer.log.close()
             return {"path": path, "seed": seed, "actions": actions, "seconds": round(time.monotonic() - started, 1),
-                    "actions with ghost text shown": fuzzer.shown, "accepts of ghost text": fuzzer.accepts}  # fmt: skip
+                    "actions with ghost text shown": fuzzer.shown, "accepts of ghost text": fuzzer.accepts,
+                    "actions that made several undo states": fuzzer.split}  # fmt: skip
         finally:
             editor.close()
 
@@ -466,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         default=15,
         help="each denoising step lasts this much longer, so drafts land between keys (default 15)",
     )
+    parser.add_argument("--log", default=None, help="write each action (number, keys, undo states) to this file")
     args = parser.parse_args(argv)
     os.environ.setdefault("PYTHONPATH", "")
     hooks = str(Path(__file__).resolve().parents[1] / "hooks")  # the step delay is a test hook
@@ -475,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         print(f"fuzz: path {path}, seed {seed}, {args.actions} actions", flush=True)
         try:
-            figures = fuzz(path, seed, args.actions, args.step_delay_ms, progress=True)
+            figures = fuzz(path, seed, args.actions, args.step_delay_ms, progress=True, log=args.log)
         except FuzzFailure as failure:
             print(f"FAILED: {failure}\nreplay: python tests/e2e/fuzz_nvim.py --path {path} --seed {seed} "
                   f"--actions {args.actions}", flush=True)  # fmt: skip

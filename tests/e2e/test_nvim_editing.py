@@ -118,3 +118,30 @@ def test_the_place_waiting_during_the_load_gets_its_suggestion(open_editor, path
     finally:
         gate.touch()
         screen.close()
+
+
+def test_delete_that_leaves_the_line_as_it_was_clears_what_no_accept_would_take(open_editor):
+    """Delete at the end of the line joins the empty line below: the cursor's line and the cursor stay as
+    they were, but the text changed. The fallback path kept its ghost text (it took the change for the
+    second event of a keystroke it had already handled), while its accept refuses a suggestion made for
+    an older text: the suggestion stayed on screen and <Tab> inserted an indent instead (found by the
+    fuzzer, seed 7 of a run without the server's timing). Whatever is on screen after the Delete, <Tab>
+    must insert it; the debounce is long, so no newer answer is asked for meanwhile."""
+    editor = open_editor(force_fallback=True, debounce_ms=3000)
+    editor.open("point.py", SOURCE + "\n")
+    editor.nvim.input(f"{BODY_LINE}GA{TYPED}")
+    wait_for(lambda: editor.lines()[BODY_LINE - 1] == INDENT + TYPED, "the typed text")
+    ghost = editor.wait_ghost()
+    assert (ghost["row"], ghost["col"]) == (BODY_LINE - 1, len(INDENT + TYPED)), ghost
+    lines = editor.lines()
+    press(editor, "<Del>", INDENT + TYPED)
+    assert editor.lines() == lines[:BODY_LINE] + lines[BODY_LINE + 1 :]  # the empty line joined
+    shown = editor.ghost()
+    editor.nvim.input("<Tab>")
+    settle(editor)
+    line = editor.lines()[BODY_LINE - 1]
+    if shown:  # what was on screen is what the key inserted
+        assert "\n".join(editor.lines()[BODY_LINE - 1 :]).startswith(INDENT + TYPED + shown["text"]), (shown, line)
+    else:  # nothing on screen: the key indents
+        assert line.startswith(INDENT + TYPED) and line[len(INDENT + TYPED) :].strip() == "" and line != INDENT + TYPED
+    assert editor.errors() == []

@@ -216,8 +216,13 @@ function M.keep_typed_through(bufnr)
   if item and win and (state.fallback or item.kind == 'answer') then
     local cursor = api.nvim_win_get_cursor(win)
     rest = through.rest(item, api.nvim_get_current_line(), { cursor[1] - 1, cursor[2] })
-    if rest == item.text and cursor[2] == item.col then
-      return -- the same text at the same place (the second event of one keystroke)
+    if rest == item.text then
+      if api.nvim_buf_get_changedtick(bufnr) == item.tick then
+        return -- the same text at the same place (the second event of one keystroke)
+      end
+      -- Nothing typed on its line, yet the text changed (an empty line below joined by Delete): not
+      -- typing through. Kept, it would stay drawn while accept() refuses it (made for an older text).
+      rest = nil
     end
   end
   if rest then
