@@ -26,16 +26,20 @@ LOAD_POLL_SECONDS = 0.1  # how often a request that waits for the load looks at 
 
 
 async def inline_completion(ls: LladaServer, params: types.InlineCompletionParams) -> types.InlineCompletionList:
-    """Asked while the model loads, the request waits for the load (the client's cancel ends the wait),
-    so the place the user waits at gets its suggestion: ghost text is asked for without a keystroke
-    only once. An answer for a document that changed meanwhile would be placed in a text the client no
-    longer has: it is empty (the client asks again for the new text)."""
+    """Asked while the model loads in this process, the request waits for the load (the client's cancel
+    ends the wait), so the place the user waits at gets its suggestion: ghost text is asked for without
+    a keystroke only once. An engine service that says it is loading may be waiting for a backend that
+    went away (SGLang killed): then the answer is empty at once, as for a plain completion. An answer
+    for a document that changed meanwhile would be placed in a text the client no longer has: it is
+    empty (the client asks again for the new text)."""
     uri = params.text_document.uri
     found = ls.documents.locate(uri, params.position, ls.encoding)
     if found is None:
         return types.InlineCompletionList(items=[])
     doc, offset, at = found
     version, request_id = doc.version, ls.protocol.msg_id
+    if ls.completer is not None and ls.completer.address != "local" and _still_loading(ls, "inline"):
+        return types.InlineCompletionList(items=[])
     if ls.status()["state"] == "loading":
         ls.log(f"inline {request_id}: the model is loading; the request waits for it")
         ls.inline_waiting[uri] = request_id
@@ -95,9 +99,9 @@ def _edit(ls: LladaServer, start: types.Position, at: types.Position, end: types
 
 
 def _still_loading(ls: LladaServer, method: str) -> bool:
-    """While the model loads, completions (not inline ones) answer at once with nothing (`isIncomplete`:
-    the next keystroke asks again): lsp-mode waits 10 s for an answer, synchronously, and a load takes
-    longer."""
+    """While the model loads, completions (and inline ones through an engine service) answer at once
+    with nothing (`isIncomplete`: the next keystroke asks again): lsp-mode waits 10 s for an answer,
+    synchronously, and a load takes longer."""
     if ls.status()["state"] != "loading":
         return False
     ls.log(f"{method} {ls.protocol.msg_id}: the model is loading; answered with nothing")
