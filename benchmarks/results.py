@@ -18,7 +18,7 @@ OUT = ROOT / "docs" / "results.md"
 
 # The order a reader meets them in: what an editor user feels first, then serving, quality, the GPU.
 ORDER = ["bench_lsp", "bench_lsp_cold", "eval_typing", "bench_serve", "soak", "eval_infill", "eval_cross_file",
-         "eval_rewrite", "eval_next_edit", "edit_tokens", "bench_cpu_floor", "bench_cpu", "bench_load", "bench_first_minute",
+         "eval_rewrite", "eval_next_edit", "edit_tokens", "bench_cpu_floor", "bench_cpu_floor_side_by_side", "bench_cpu", "bench_load", "bench_first_minute",
          "editing_fuzz", "bench_sglang", "fp8", "gpu",
          "training"]  # fmt: skip
 
