@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pynvim
+import pytest
 
 T = TypeVar("T")
 
@@ -389,3 +390,25 @@ class Screen:
     def close(self) -> None:
         self._nvim.async_call(self._nvim.stop_loop)
         self._thread.join(10)
+
+
+def skip_unless_path(path: str) -> None:
+    """Skips a test of the built-in path (vim.lsp.inline_completion) on a Neovim older than 0.12."""
+    binary = nvim_binary()
+    if path == "builtin" and (nvim_version(binary) if binary else (0, 0)) < (0, 12):
+        pytest.skip("vim.lsp.inline_completion needs Neovim 0.12")
+
+
+@pytest.fixture
+def open_editor(tmp_path: Path):
+    """Starts Editors (`open_editor(env=..., **setup_opts)`) in tmp_path, and closes them after the test."""
+    editors: list[Editor] = []
+
+    def start(*, env: dict[str, str] | None = None, **setup_opts) -> Editor:
+        editor = Editor(nvim_binary(), tmp_path, setup_opts, env)
+        editors.append(editor)
+        return editor
+
+    yield start
+    for editor in editors:
+        editor.close()

@@ -8,11 +8,8 @@ The assertions hold whatever text the model proposes, as long as it proposes som
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-from nvim_helpers import Editor, nvim_binary, nvim_version, wait_for
+from nvim_helpers import Editor, nvim_binary, nvim_version, open_editor, skip_unless_path, wait_for  # noqa: F401 (a fixture)
 
 BINARY = nvim_binary()
 VERSION = nvim_version(BINARY) if BINARY else (0, 0)
@@ -27,25 +24,6 @@ SOURCE = "class Point:\n    def __init__(self, x, y):\n        self.x = x\n     
 BODY_LINE = 4
 INDENT = "        "
 TYPED = "self."
-
-
-def skip_unless_path(path: str) -> None:
-    if path == "builtin" and VERSION < (0, 12):
-        pytest.skip("vim.lsp.inline_completion needs Neovim 0.12")
-
-
-@pytest.fixture
-def open_editor(tmp_path: Path) -> Iterator:
-    editors: list[Editor] = []
-
-    def start(*, env: dict[str, str] | None = None, **setup_opts) -> Editor:
-        editor = Editor(BINARY, tmp_path, setup_opts, env)
-        editors.append(editor)
-        return editor
-
-    yield start
-    for editor in editors:
-        editor.close()
 
 
 def settle(editor: Editor) -> None:
