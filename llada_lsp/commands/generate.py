@@ -49,6 +49,8 @@ def generate_main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
     preset = PRESETS[args.mode]
+    threshold = preset.threshold if args.threshold is None else args.threshold
+    editing = preset.editing_threshold if args.editing_threshold is None else args.editing_threshold
     if args.threads < 1:
         ap.error(f"--threads must be at least 1, not {args.threads}")
     try:
@@ -56,10 +58,7 @@ def generate_main(argv: list[str] | None = None) -> int:
         checks.whole("max_post_steps (the post-edit budget)", args.max_post_steps, 0)
         if args.block_length is not None:
             checks.whole("block length", args.block_length, 1)
-        checks.thresholds(
-            preset.threshold if args.threshold is None else args.threshold,
-            preset.editing_threshold if args.editing_threshold is None else args.editing_threshold,
-        )
+        checks.thresholds(threshold, editing)
     except ValueError as err:  # known before the model loads: said at once
         print(f"llada-lsp generate: {err}", file=sys.stderr)
         return 2
@@ -84,10 +83,7 @@ def generate_main(argv: list[str] | None = None) -> int:
         prompt_ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
     else:
         prompt_ids = args.prompt_ids
-    policy = JointThreshold(
-        preset.threshold if args.threshold is None else args.threshold,
-        preset.editing_threshold if args.editing_threshold is None else args.editing_threshold,
-    )
+    policy = JointThreshold(threshold, editing)
     mask_id = model.config.mask_token_id if args.mask_id is None else args.mask_id
     bar.set_description("decoding")
     bar.bar_format = None  # tqdm's own: count, bar, rate

@@ -10,6 +10,7 @@
 --- where it is not found, available() is false and buffers use the plugin's own ghost text.
 local api = vim.api
 local through = require('llada.through')
+local insert_window = require('llada.ghost').insert_window -- the current window, if in insert mode
 
 local M = {}
 
@@ -46,17 +47,6 @@ end
 ---@return string
 local function text_of(value)
   return type(value) == 'table' and value.value or value
-end
-
---- The window showing {bufnr} if it is the current one, in insert mode, else nil.
----@param bufnr integer
----@return integer?
-local function insert_window(bufnr)
-  local win = api.nvim_get_current_win()
-  if api.nvim_win_get_buf(win) ~= bufnr or not api.nvim_get_mode().mode:find('^i') then
-    return nil
-  end
-  return win
 end
 
 --- Whether the built-in completer's current item of {completor} is still one to draw: ours are, when
