@@ -456,6 +456,21 @@ async def test_a_server_error_is_a_failure_that_says_what_sglang_said(short_dir,
     assert failure.value.kind == kind and says in failure.value.message and fake.url in failure.value.message
 
 
+async def test_a_stream_cut_short_asks_the_server_at_once_and_the_status_says_so(short_dir, tiny):
+    def dying(body: dict) -> Stream:  # the server goes down under the request: its stream ends unfinished
+        fake.health = 503
+        return Stream([tiny.codec.encode(" b")], finish=None)
+
+    with FakeSGLang(dying) as fake:
+        async with service_on(SGLangBackend(fake.url), short_dir) as (address, _):
+            async with await EngineClient.connect(address, "editor") as client:
+                with pytest.raises(EngineFailure) as failure:
+                    await ask(client, infill(client, RETURN))
+                assert failure.value.kind == "no_model" and "ended the stream" in failure.value.message
+                status = await client.status()  # known now, not at the next probe (15 s while ready)
+                assert status.state == "loading" and "503" in status.message, status
+
+
 async def test_a_server_that_stops_answering_is_a_timeout_not_a_hang(short_dir):
     with FakeSGLang(lambda body: Silent()) as fake:
         backend = SGLangBackend(fake.url).configured(None, 0.3)

@@ -315,7 +315,9 @@ class SGLangWorker(KeyedJobs):
             await stream.aclose()
         if early:
             self._abort(server, rid)
-        elif not finished:
+        elif not finished:  # a cut stream is news about the server: asked at once, not at the next probe
+            await server.probe()
+            self._publish()
             raise BackendFailure("no_model", f"SGLang at {server.url} ended the stream before the generation ended")
         logger.debug("%s: %d blocks in %d streamed objects", ticket.label, blocks, objects)
         result = Result(ids[: request.gen_length], blocks, time.perf_counter() - started, ticket.is_set())
