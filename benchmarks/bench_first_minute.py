@@ -10,7 +10,7 @@ Three measurements, each in fresh processes:
   command has exited.
 - load phases: what the server's model thread does (its CPU kernels as `complete` runs them: off unless
   LLADA_LSP_KERNELS or --kernels says otherwise), step by step in one process (imports of torch,
-  transformers, numba and the CPU kernels, the model code; the weights; the CPU kernels' warm-up, which
+  tokenizers, numba and the CPU kernels, the model code; the weights; the CPU kernels' warm-up, which
   loads them from numba's cache or compiles them; the tokenizer; the engine; one completion).
 
 A first start compiles the CPU kernels (numba caches them on disk): it runs with NUMBA_CACHE_DIR set to
@@ -60,9 +60,8 @@ import torch
 threads = int(sys.argv[1])
 torch.set_num_threads(threads)
 mark("import torch")
-import transformers
-from transformers import AutoConfig, AutoTokenizer
-mark("import transformers (AutoConfig, AutoTokenizer)")
+import tokenizers
+mark("import tokenizers (the load imports no transformers)")
 try:
     from llada_lsp.kernels import cpu as kernels
 except ImportError:

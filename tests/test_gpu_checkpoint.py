@@ -1,6 +1,6 @@
 """The checkpoints the project writes, as the GPU servers that would take them read them: every
 config.json carries the keys inclusionAI's reference and SGLang's LLaDA2MoeModelLM read (loaded back
-through transformers' AutoConfig, offline), for a bf16 model and for an FP8 one (the flash checkpoint a
+through transformers' own config class, as a checkpoint's remote-code config subclasses it, offline), for a bf16 model and for an FP8 one (the flash checkpoint a
 user takes to a cluster), with the router's expert bias and the FP8 block scales in the weights."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig
+from transformers import PretrainedConfig
 
 from llada_lsp.model import LLaDA2, LLaDA2Config, fp8, save_model
 from llada_lsp.model.loader import load_model
@@ -37,7 +37,7 @@ def written(folder) -> dict:
 @pytest.mark.parametrize("quantized", [False, True], ids=["bf16", "fp8"])
 def test_a_written_checkpoint_carries_what_sglang_and_the_reference_read(tmp_path, quantized):
     """A model built from a bare config (as training builds one), saved: the keys are there with the
-    released checkpoints' values, AutoConfig reads them back, and the weights hold what they promise."""
+    released checkpoints' values, transformers reads them back, and the weights hold what they promise."""
     extra = {"quantization_config": dict(fp8.QUANTIZATION_CONFIG)} if quantized else {}
     torch.manual_seed(0)
     model = LLaDA2(LLaDA2Config(**TINY, **extra))
@@ -54,7 +54,7 @@ def test_a_written_checkpoint_carries_what_sglang_and_the_reference_read(tmp_pat
     assert raw["architectures"] == ["LLaDA2MoeModelLM"] and raw["model_type"] == "llada2_moe"
     assert raw["hidden_act"] == "silu" and raw["moe_router_enable_expert_bias"] is True
     assert raw["embedding_dropout"] == 0.0 and raw["dtype"] == "bfloat16"
-    back = AutoConfig.from_pretrained(tmp_path, local_files_only=True)
+    back = PretrainedConfig.from_json_file(tmp_path / "config.json")
     for key in SGLANG_READS:
         assert getattr(back, key) == raw[key], key
     with safe_open(tmp_path / "model.safetensors", "pt") as f:

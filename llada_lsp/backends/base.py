@@ -51,9 +51,9 @@ class Backend(Protocol):
 def load_codec(path: str | os.PathLike | None, name: str, where: str = "beside the weights") -> TextCodec:
     """The tokenizer of the model at `path` (None: the embedded one) as a TextCodec, token healing's
     lookup built; CheckpointError `NAME: no tokenizer (tokenizer.json) WHERE` when it has none."""
-    from ..model import load_tokenizer  # transformers: on the loading thread
+    from ..model import load_serving_tokenizer  # tokenizers (or transformers): on the loading thread
 
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_serving_tokenizer(path)
     if tokenizer is None:
         raise CheckpointError(f"{name}: no tokenizer (tokenizer.json) {where}")
     codec = TextCodec.from_tokenizer(tokenizer)

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from ..completion.generation import add_model_arguments
 from ..engine import PRESETS, Engine, JointThreshold, checks
-from ..model import CheckpointError, load_model, load_tokenizer
+from ..model import CheckpointError, load_model, load_serving_tokenizer
 
 
 def parse_ids(text: str) -> list[int]:
@@ -70,7 +70,7 @@ def generate_main(argv: list[str] | None = None) -> int:
                disable=None, file=sys.stderr, bar_format="{desc} {elapsed}")  # fmt: skip
     try:
         model = load_model(args.model, device=args.device, dtype=args.dtype, edit_ids=args.edit_ids)
-        tokenizer = load_tokenizer(args.model)
+        tokenizer = load_serving_tokenizer(args.model)
     except (CheckpointError, ValueError) as err:
         bar.close()
         print(f"llada-lsp generate: {err}", file=sys.stderr)

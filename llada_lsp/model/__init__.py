@@ -13,7 +13,7 @@ from .._lazy import lazy_names
 _LAZY = {
     "LLaDA2Config": ".config", "LLaDA2": ".llada2", "BlockKVCache": ".llada2", "block_causal_mask": ".llada2",
     "EMBEDDED_MODEL": ".files", "CheckpointError": "..errors", "load_model": ".loader",
-    "load_tokenizer": ".loader", "save_model": ".loader",
+    "load_tokenizer": ".loader", "load_serving_tokenizer": ".loader", "save_model": ".loader",
 }  # fmt: skip
 __all__ = list(_LAZY)
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from .config import LLaDA2Config
     from .files import EMBEDDED_MODEL
     from .llada2 import BlockKVCache, LLaDA2, block_causal_mask
-    from .loader import load_model, load_tokenizer, save_model
+    from .loader import load_model, load_serving_tokenizer, load_tokenizer, save_model
 
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

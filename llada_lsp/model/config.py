@@ -1,12 +1,15 @@
 """The LLaDA2 (`llada2_moe`) configuration, read from the real checkpoints' `config.json` keys.
 
-Registered with transformers' AutoConfig so a local folder loads without remote code. Knows nothing of
-weights, tokenizers or decoding.
+A plain class, read from and written to `config.json` as JSON: loading a checkpoint imports no
+transformers (0.4-0.8 s of every start), and a local folder loads without remote code. Knows nothing
+of weights, tokenizers or decoding.
 """
 
 from __future__ import annotations
 
-from transformers import AutoConfig, PretrainedConfig
+import json
+from pathlib import Path
+from typing import Any
 
 from .family import Family, family_of
 
@@ -38,9 +41,13 @@ READ_BY_OTHERS = {
 }
 
 
-class LLaDA2Config(PretrainedConfig):
+# Keys transformers writes into every config.json that say nothing about the network: not kept.
+NOT_KEPT = ("model_type", "transformers_version")
+
+
+class LLaDA2Config:
     """Defaults are those of LLaDA2.1-mini; every key of the real `config.json` is accepted and
-    unknown ones are kept by `PretrainedConfig` and ignored. `sliding_window` is ignored on purpose:
+    unknown ones are kept as attributes (written back by `save_pretrained`) and ignored. `sliding_window` is ignored on purpose:
     the real implementations never apply it."""
 
     model_type = "llada2_moe"
@@ -114,18 +121,34 @@ class LLaDA2Config(PretrainedConfig):
         self.edit_ids_override: tuple[int, int] | None = None
         # Real configs carry `rope_scaling: null`; popped so transformers does not warn about it.
         self.unsupported_rope_scaling = kwargs.pop("rope_scaling", None)
+        self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
+        self.tie_word_embeddings = tie_word_embeddings
+        self.dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))  # the weights' as saved, if said
         for key, value in READ_BY_OTHERS.items():  # a checkpoint's own values win; copies: no shared list
             kwargs.setdefault(key, list(value) if isinstance(value, list) else value)
-        super().__init__(
-            eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id,
-            tie_word_embeddings=tie_word_embeddings,
-            **kwargs,
-        )
+        for key in NOT_KEPT:
+            kwargs.pop(key, None)
+        vars(self).update(kwargs)
 
-    def to_dict(self) -> dict:
-        out = super().to_dict()
+    def save_pretrained(self, folder: str | Path) -> None:
+        """`folder/config.json`, keys sorted, as transformers writes it (and reads it back)."""
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        (Path(folder) / "config.json").write_text(text + "\n")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LLaDA2Config) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # mutable, compared by value
+
+    def __repr__(self) -> str:
+        return f"LLaDA2Config({json.dumps(self.to_dict(), sort_keys=True)})"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {key: value for key, value in vars(self).items() if not key.startswith("_")}
+        out["model_type"] = self.model_type
         out.pop("edit_ids_override", None)
+        if out.get("dtype") is None:
+            out.pop("dtype", None)
         for key in FAMILY_KEYS:
             if out.get(key) is None:
                 out.pop(key, None)
@@ -175,6 +198,3 @@ class LLaDA2Config(PretrainedConfig):
             raise ValueError(f"rotary_dim: {self.rotary_dim} must be even and <= head_dim {self.head_dim}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_key_value_heads must divide num_attention_heads")
-
-
-AutoConfig.register(LLaDA2Config.model_type, LLaDA2Config, exist_ok=True)

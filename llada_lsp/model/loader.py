@@ -18,7 +18,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
-from transformers import AutoConfig
 
 from ..errors import CheckpointError, DoesNotFit, LoadAbandoned
 from . import cpu_runner, fp8
@@ -27,6 +26,7 @@ from .family import EDIT_KEYS
 from .files import EMBEDDED_MODEL, SIZE_KEYS, check_sizes, resolve_path, stored_shapes, weight_files  # noqa: F401
 from .llada2 import LLaDA2, compute_dtype
 from .plan import LAYER_OF_NAME, MemoryPlan, ModelShape, device_of_slots, fmt_bytes, plan_of, render, slot_of
+from .tokenizer import read_tokenizer
 
 logger = logging.getLogger("llada_lsp.model")
 
@@ -86,10 +86,10 @@ def load_config(folder: Path, edit_ids: tuple[int, int] | None = None) -> LLaDA2
         # Sizes first: the constructor divides by some of them, and a string or a zero fails there far
         # from its key. A key left out takes its default.
         check_sizes({key: raw[key] for key in SIZE_KEYS if key in raw})
-        config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        config = LLaDA2Config(**raw)
         config.edit_ids_override = None if edit_ids is None else tuple(edit_ids)
         config.validate_llada()
-    except ValueError as err:
+    except (ValueError, TypeError) as err:  # TypeError: a key of the wrong kind (a string for a number)
         raise CheckpointError(f"{file}: {err}") from None
     return config
 
@@ -301,7 +301,7 @@ def load_model(
 def fill_special_ids(config: LLaDA2Config, folder: Path) -> None:
     if config.mask_token_id is not None and config.eos_token_id is not None:
         return
-    tokenizer = load_tokenizer(folder)
+    tokenizer = load_serving_tokenizer(folder)
     if tokenizer is None:
         return
     if config.mask_token_id is None:
@@ -312,13 +312,28 @@ def fill_special_ids(config: LLaDA2Config, folder: Path) -> None:
 
 
 def load_tokenizer(path: str | Path | None = None):
-    """The checkpoint's tokenizer through AutoTokenizer (no remote code), or None if it has none."""
+    """The checkpoint's tokenizer through transformers' AutoTokenizer (no remote code), or None if it has
+    none: the whole of transformers' interface, for scripts and training."""
     folder = resolve_path(path)
-    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+    if not _has_tokenizer(folder):
         return None
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+
+
+def load_serving_tokenizer(path: str | Path | None = None):
+    """The tokenizer serving reads, or None if it has none: where it is a plain tokenizer.json, read with
+    the tokenizers library alone (model/tokenizer.py: the same ids, without transformers' 0.8 s import),
+    else `load_tokenizer`'s. Either is called as transformers' are (`tok(text)["input_ids"]`, `decode`)."""
+    folder = resolve_path(path)
+    if not _has_tokenizer(folder):
+        return None
+    return read_tokenizer(folder) or load_tokenizer(folder)
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
 
 
 def save_model(model: LLaDA2, folder: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
