@@ -4,7 +4,9 @@ kernels), so no module imports one of a layer above its own, and no two modules 
 circle; the LSP front imports no backend (the command that starts it hands it the model's loader); the
 product never imports the lab (llada_lab), and the lab's training no part of the server; rooms stay
 small; every command's entry point lives in commands/; kernels/ holds no engine code (a kernel module
-only the engine uses belongs beside it); no two modules of the product share a name.
+only the engine uses belongs beside it); no two modules of the product share a name. The tests mirror
+the packages (tests/<package>/, tests/lab/, tests/project/, tests/e2e/), their basenames unique, and
+every test checks something.
 
 Read from the source with `ast` (every import, in functions and under `if TYPE_CHECKING:` too: a circle
 a type checker follows is a circle a reader follows); nothing is imported."""
@@ -207,3 +209,78 @@ def test_no_module_name_is_used_twice():
     assert not {n: w for n, w in twice.items() if n not in KNOWN_TWINS}, f"module names used twice: {twice}"
     stale = KNOWN_TWINS - set(twice)
     assert not stale, f"no longer twins: remove {sorted(stale)} from KNOWN_TWINS"
+
+
+# --- the tests' tree ---------------------------------------------------------------------------------------------------
+TESTS = ROOT / "tests"
+# Beside the packages' folders: the lab's and the benchmarks' tests, the repository's as a whole (this
+# file, the wheel), the real editors and the real SGLang; and the data the tests read, which holds none.
+TEST_FOLDERS = {"lab", "project", "e2e"}
+SUPPORT_FOLDERS = {"data", "fakes", "golden", "hooks"}
+
+
+def test_the_tests_mirror_the_packages():
+    """A module's tests are found by its name: those of llada_lsp/<package>/<module>.py are
+    tests/<package>/test_<module>*.py, so each folder of tests/ is a product package, lab, project or
+    e2e (or one of the data folders, which hold no test), and no test lives in tests/ itself."""
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    stray = sorted(folders - packages - TEST_FOLDERS - SUPPORT_FOLDERS)
+    assert not stray, f"tests/ folders that are no package of llada_lsp, lab, project or e2e: {stray}"
+    loose = sorted(p.name for p in TESTS.glob("test_*.py"))
+    assert not loose, f"tests directly in tests/ (file them under the package they check): {loose}"
+    in_data = sorted(str(p.relative_to(TESTS)) for f in SUPPORT_FOLDERS for p in (TESTS / f).rglob("test_*.py"))
+    assert not in_data, f"tests in the data folders: {in_data}"
+
+
+def test_test_module_names_are_unique():
+    """pytest imports each test module by its basename (the default import mode, no __init__.py), and
+    conftest.py puts every test folder on sys.path: two files of one name would shadow each other."""
+    names: dict[str, list[str]] = {}
+    for path in TESTS.rglob("*.py"):
+        rel = path.relative_to(TESTS)
+        if rel.parts[0] != "golden" and "node_modules" not in rel.parts:
+            names.setdefault(path.name, []).append(str(rel))
+    twice = {name: sorted(where) for name, where in names.items() if len(where) > 1}
+    assert not twice, f"module names used twice under tests/: {twice}"
+
+
+CHECKS = {"raises", "warns", "fail", "deprecated_call"}  # pytest's, besides `assert`
+
+
+def _checks(function: ast.AST) -> bool:
+    """An `assert`, a `raise`, `pytest.raises` and its kin, or a mock's `assert_*`."""
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assert | ast.Raise):
+            return True
+        if isinstance(node, ast.Attribute) and (
+            node.attr.startswith("assert_") or (node.attr in CHECKS and getattr(node.value, "id", "") == "pytest")
+        ):
+            return True
+    return False
+
+
+def _called(function: ast.AST) -> set[str]:
+    return {node.func.id if isinstance(node.func, ast.Name) else node.func.attr for node in ast.walk(function)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name | ast.Attribute)}  # fmt: skip
+
+
+def test_every_test_checks_something():
+    """A test that asserts nothing passes by not raising, and says nothing of what it checks: each test
+    asserts (or expects an exception), or calls a helper of tests/ that does (by name, transitively)."""
+    trees = {path: ast.parse(path.read_text()) for path in TESTS.rglob("*.py")
+             if "golden" not in path.relative_to(TESTS).parts and "node_modules" not in path.parts}  # fmt: skip
+    functions: dict[str, list[ast.AST]] = {}
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                functions.setdefault(node.name, []).append(node)
+    checking = {name for name, defs in functions.items() if any(_checks(d) for d in defs)}
+    while more := {name for name, defs in functions.items()
+                   if name not in checking and any(_called(d) & checking for d in defs)}:  # fmt: skip
+        checking |= more
+    silent = [f"{path.relative_to(TESTS)}:{node.lineno} {node.name}" for path, tree in trees.items()
+              if path.name.startswith("test_") for node in ast.walk(tree)
+              if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test")
+              and not _checks(node) and not _called(node) & checking]  # fmt: skip
+    assert not silent, "tests that check nothing:\n" + "\n".join(silent)
