@@ -1,7 +1,7 @@
 """FP8 routed experts against bf16: per-row logits on the golden tiny checkpoint and on one random MoE
 layer at the LLaDA2.1-mini shapes, and (with --infill N) first-line exact match of the embedded model.
 
-Each row's error is the largest |logit difference| over the vocabulary, as tests/test_cuda.py measures
+Each row's error is the largest |logit difference| over the vocabulary, as tests/model/test_bf16.py measures
 bf16 against float64; the bar printed beside the figures is the issue's: median < 0.5, at most 5% of rows
 past 1.0, argmax agreement >= 0.9. Both models run bf16 everywhere but in the routed experts; the FP8
 one goes through load_model(quantize="fp8") and the reference FP8 path (activations quantized per
@@ -33,7 +33,7 @@ from llada_lsp.report import Report, Table, add_markdown_argument
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "llada2-tiny"
 MINI = ROOT / "tests" / "data" / "configs" / "llada2.1-mini.json"
-GOLDEN_CASES = ("bc45", "bc64", "bc100_masks")  # the block-causal forward cases, as tests/test_cuda.py
+GOLDEN_CASES = ("bc45", "bc64", "bc100_masks")  # the block-causal forward cases, as tests/model/test_bf16.py
 
 
 def row_figures(logits: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Every GPU check in one device command that fits the 600 s a device command may run: each step is
-# time-boxed and the boxes add up to at most 540 s (tests/test_gpu_check_script.py checks the sum),
+# time-boxed and the boxes add up to at most 540 s (tests/lab/test_gpu_check_script.py checks the sum),
 # so the summary is always written and printed, whatever times out. The steps:
 #   probe        the interpreter sees a CUDA device (else exit 2, with the summary saying so)
 #   kernels      the Triton kernels against their torch references on CUDA, flash-attn's varlen step
-#                against SDPA, the engine's CUDA-graph steps against eager ones (tests/test_kernels.py,
-#                tests/test_gpu_flash.py, tests/test_gpu_graphs.py)
-#   golden_cuda  the golden bf16 bar on CUDA, SDPA and flash-attn (tests/test_cuda.py)
+#                against SDPA, the engine's CUDA-graph steps against eager ones (tests/kernels/test_triton_kernels.py,
+#                tests/engine/test_gpu_flash.py, tests/engine/test_gpu_graphs.py)
+#   golden_cuda  the golden bf16 bar on CUDA, SDPA and flash-attn (tests/model/test_bf16.py)
 #   mini_1_eager / mini_1_graph / mini_8_eager / mini_8_graph
 #                ms per denoising step at LLaDA2.1-mini shapes, 1k context, 1 and 8 sequences, without
 #                and with a CUDA graph, against the bandwidth floor (llada-lsp bench --shape)
@@ -105,8 +105,8 @@ timeout -k 2 10 "$PY" -c "import torch, importlib.util as u; print('gpu_check:',
   | tee -a "$LOGS/probe.log"
 
 PYTEST=("$PY" -m pytest -q -rs -p no:cacheprovider)
-run kernels 80 "${PYTEST[@]}" tests/test_kernels.py tests/test_gpu_flash.py tests/test_gpu_graphs.py
-run golden_cuda 90 "${PYTEST[@]}" tests/test_cuda.py
+run kernels 80 "${PYTEST[@]}" tests/kernels/test_triton_kernels.py tests/engine/test_gpu_flash.py tests/engine/test_gpu_graphs.py
+run golden_cuda 90 "${PYTEST[@]}" tests/model/test_bf16.py
 BENCH=("$PY" -m llada_lsp bench --device cuda --iters 20 --context 1024)
 run mini_1_eager 70 "${BENCH[@]}" --shape llada2.1-mini
 run mini_1_graph 40 "${BENCH[@]}" --shape llada2.1-mini --cuda-graph

@@ -5,7 +5,7 @@ with `triton.compile`, and their PTX run through the bundled `ptxas -v` for regi
 
 A developer's check of the product's kernels (llada_lsp/kernels/), which never import it. Knows nothing
 of models or decoding: shapes come in as numbers. Its command is `llada-lab compile-kernels`
-(commands/compile_kernels.py); tests/test_gpu_compile.py runs it in a fresh process (Triton's
+(commands/compile_kernels.py); tests/kernels/test_gpu_compile.py runs it in a fresh process (Triton's
 interpreter, chosen when the kernels are decorated, must be off).
 """
 

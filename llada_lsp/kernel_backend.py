@@ -108,7 +108,7 @@ def numba():
 def find_torch_sgemm():
     """The Fortran sgemm (32-bit integers) that torch's CPU library carries (MKL's, in the x86 wheels), as
     a ctypes function, else None: the routine torch.mm and F.linear call, so a kernel calling it with the
-    arguments they pass gets torch's products bit for bit (tests/test_kernels_cpu.py), and dispatches
+    arguments they pass gets torch's products bit for bit (tests/kernels/test_cpu_kernels.py), and dispatches
     nothing. Windows names the library otherwise, macOS arm64 uses Accelerate, aarch64 OpenBLAS or oneDNN:
     there the portable GEMM runs."""
     spec = importlib.util.find_spec("torch")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,10 @@ GOLDEN = ROOT / "tests" / "golden" / "llada2-tiny"
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(ROOT / "tests" / "hooks"), os.environ.get("PYTHONPATH")) if p
 )
+# Each folder of tests on sys.path, as pytest's import mode puts a test module's own folder there when
+# it collects it: a test may import a helper from another folder's module (`from test_sglang import
+# FakeSGLang`) whichever folders a run collects. Basenames are unique across tests/ (test_layout).
+sys.path[:0] = sorted({str(path.parent) for path in (ROOT / "tests").glob("*/test_*.py")} - set(sys.path))
 
 
 @pytest.fixture(scope="session")
@@ -117,7 +122,7 @@ def restore_threads() -> Iterator[None]:
         yield
 
 
-# A LLaDA2.2-shaped checkpoint paired with the embedded tokenizer (tests/test_llada22_product.py): its
+# A LLaDA2.2-shaped checkpoint paired with the embedded tokenizer (tests/commands/test_llada22_product.py): its
 # edit ids are two ordinary tokens of that tokenizer, so an edit id that leaked into an answer would be
 # readable text, which the tests look for.
 LLADA22_EDIT_IDS = (8187, 8191)  # " ASTERISK", " TestableTest"

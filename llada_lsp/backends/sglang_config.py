@@ -18,7 +18,7 @@ from ..model.family import EDIT_KEYS, Family
 
 MODES = ("speed", "quality")  # the modes editors ask for (engine.policy.PRESETS has these and more): a server each
 DEFAULT_TIMEOUT = 30.0  # seconds a server may send nothing in the middle of an answer
-# (threshold, edit_threshold) of each mode: engine/policy.py's PRESETS (tests/test_sglang.py keeps them equal)
+# (threshold, edit_threshold) of each mode: engine/policy.py's PRESETS (tests/backends/test_sglang.py keeps them equal)
 THRESHOLDS = {"speed": (0.5, 0.0), "quality": (0.7, 0.5)}
 MAX_POST_EDIT_STEPS = 16
 BLOCK_SIZE = 32  # LLaDA2.1's block: SGLang's default for LLaDA2MoeModelLM (srt/dllm/config.py)

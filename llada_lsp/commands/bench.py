@@ -146,7 +146,7 @@ def bench_main(argv: list[str] | None = None) -> int:
 
 
 # --- one denoising step at a real model's shapes ----------------------------------------------------
-# What differs from LLaDA2Config's defaults (LLaDA2.1-mini); tests/test_bench.py holds these to the
+# What differs from LLaDA2Config's defaults (LLaDA2.1-mini); tests/commands/test_bench.py holds these to the
 # real config.json files. tokens_per_forward: the LLaDA2.1 paper's average, to project tokens/s (None:
 # LLaDA2.2's report gives none). LLaDA2.2-flash: the flash shapes, block routing (48 experts per 32-token
 # block), 128K positions (../shared/LLADA22.md); its edit ids are the flash defaults (model/family.py).

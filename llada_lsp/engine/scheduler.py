@@ -292,7 +292,7 @@ class Scheduler:
         """One denoising step on the device, from StepInputs' tensors to the rule's rows for the last D
         queries of each row:
         static shapes for static (B, width, S, D), no host read, so torch.compile traces it whole and a
-        CUDA graph can hold it (tests/test_gpu_step.py checks both). D is a block, or more when a row
+        CUDA graph can hold it (tests/engine/test_gpu_step.py checks both). D is a block, or more when a row
         checks a draft ahead (Sequence.ahead); a row that decides fewer positions has its first `outside`
         of the D frozen and never masked, so no step rule reaches them, and their decisions are dropped.
         What the step returns for each row is the block rule's (policy.BlockRule.device_step:

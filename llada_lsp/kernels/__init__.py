@@ -17,7 +17,7 @@ import torch
 from .. import kernel_backend as backend
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# The lowest GPUs the kernels are compiled and checked for (llada_lab/aot.py, tests/test_gpu_compile.py):
+# The lowest GPUs the kernels are compiled and checked for (llada_lab/aot.py, tests/kernels/test_gpu_compile.py):
 # Ampere for every variant; FP8 weights need Triton's fp8e4nv, which exists from Ada / Hopper (sm_89) on.
 MIN_CAPABILITY = (8, 0)
 FP8_CAPABILITY = (8, 9)

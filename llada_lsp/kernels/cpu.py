@@ -403,7 +403,7 @@ def _silu_mul(gate_up):
     AVX-512), which this follows step for step (round, two-part ln 2 reduction, the degree-5 polynomial
     by fused multiply-adds, the two-factor ldexp, the range cut-offs). Where torch runs another exp (a
     build without FMA, the scalar tail of a row shorter than a vector, aarch64), the two may differ in
-    the last bit of a few values (tests/test_kernels_cpu.py measures it here)."""
+    the last bit of a few values (tests/kernels/test_cpu_kernels.py measures it here)."""
     n, I = gate_up.shape[0], gate_up.shape[1] // 2
     out = np.empty((n, I), np.float32)
     ex = np.empty(I, np.float32)  # exp(-gate) of one row: the loops apart, so that each vectorises

@@ -54,7 +54,7 @@ class CPULayer:
     expert and the residual, the next layer's input norm and its `attend`), so between two attentions a
     step calls one kernel (the last layer: `cpu.mlp`, the final norm). With the backend's exact GEMM the
     products are torch's bit for bit; the norms, SiLU and sums agree within float32 rounding
-    (tests/test_kernels_cpu.py). `weights` are numpy views of the layer's storage, made once."""
+    (tests/kernels/test_cpu_kernels.py). `weights` are numpy views of the layer's storage, made once."""
 
     def __init__(self, layer: DecoderLayer, joint: tuple[torch.Tensor, torch.Tensor] | None):
         attention = layer.attention

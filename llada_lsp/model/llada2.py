@@ -57,7 +57,7 @@ def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def additive_mask(allow: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A bool mask as the additive one (0 where allowed, -inf elsewhere) that scaled_dot_product_attention
-    makes of it internally, on every call; the same attention, bit for bit (tests/test_engine_cpu_step.py)."""
+    makes of it internally, on every call; the same attention, bit for bit (tests/model/test_cpu_layout.py)."""
     return torch.zeros(allow.shape, dtype=dtype, device=allow.device).masked_fill_(~allow, float("-inf"))
 
 
@@ -152,7 +152,7 @@ class RMSNorm(nn.Module):
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., D] normalised over D, times `weight` ([D], or one row per x's second-to-last dim [n, D]).
     A float32 / float64 x takes torch's own kernel, one op instead of seven, with the same numbers
-    (tests/test_step_rule_fast.py holds them equal), or on the CPU in float32 without autograd the
+    (tests/engine/test_policy_cpu.py holds them equal), or on the CPU in float32 without autograd the
     numba kernel (kernels/cpu.py, within rounding); a half x is widened for the sum, as before."""
     if x.dtype == compute_dtype(x.dtype):
         if weight.dim() == 1 and cpu.enabled(x) and x.is_contiguous():
@@ -387,7 +387,7 @@ class Experts(nn.Module):
         and added back in one op each (the same sums in the same order as adding expert by expert:
         index_add runs its rows in order). After cpu_runner.layout, in float32 with no gradient to keep: two grouped GEMMs
         over all experts at once and no host read; else one matmul chain per expert that has tokens
-        (differentiable: training takes it). Both give the same numbers (tests/test_engine_cpu_step.py)."""
+        (differentiable: training takes it). Both give the same numbers (tests/model/test_cpu_layout.py)."""
         N, A = expert_ids.shape
         grouped = GROUPED_MM is not None and x.dtype == torch.float32  # (it takes no float64)
         both = stored_gate_up(self.gate_up, self.w_gate, self.w_up) if grouped else None

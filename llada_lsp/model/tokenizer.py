@@ -1,7 +1,7 @@
 """A checkpoint's tokenizer read with the `tokenizers` library alone: `tokenizer.json` and the special
 tokens `tokenizer_config.json` names. Importing transformers to read the same file costs 0.8 s of every
 start (`llada-lsp complete` runs whole in about 2 s); the ids, the texts and the special ids are the
-same (tests/test_model_tokenizer.py compares them with transformers' on every shipped tokenizer).
+same (tests/model/test_tokenizer.py compares them with transformers' on every shipped tokenizer).
 
 A tokenizer this does not read the same way (no tokenizer.json, another tokenizer class, remote code)
 is loaded through transformers' AutoTokenizer, as before. Knows files and tokens; nothing of prompts.

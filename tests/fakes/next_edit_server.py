@@ -1,4 +1,4 @@
-"""A stand-in language server for tests/test_eval_next_edit.py: speaks just enough LSP over stdio
+"""A stand-in language server for tests/lab/test_eval_next_edit.py: speaks just enough LSP over stdio
 (initialize, didOpen, incremental didChange in UTF-16, didClose, llada/nextEdit, shutdown, exit) and
 suggests renaming the first `old_name` left in the document to `new_name`, unless started with
 `nextEditHistory: false`. It keeps the documents as a real server does, so the benchmark's replay of

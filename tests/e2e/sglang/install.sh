@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the pinned SGLang that tests/test_sglang_real.py runs, into a virtual environment in a cache
+# Installs the pinned SGLang that tests/e2e/sglang/test_sglang_real.py runs, into a virtual environment in a cache
 # folder outside the repository (LLADA_SGLANG_HOME, default ~/.cache/llada-lsp/sglang-0.5.23), and only
 # when it is not there yet: a second run returns at once. About 4 minutes and 6.3 GB the first time.
 #

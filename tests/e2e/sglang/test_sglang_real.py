@@ -1,4 +1,4 @@
-"""The SGLang backend against a real SGLang 0.5.23 on this CPU (tests/test_sglang.py has the fake one).
+"""The SGLang backend against a real SGLang 0.5.23 on this CPU (tests/backends/test_sglang.py has the fake one).
 
 One module, two servers for all of it (each start is 20-60 s and ~3.5 GB): the speed server with
 first-done-first-out on (0.5.23's default: an object per denoising step) and the quality server with
