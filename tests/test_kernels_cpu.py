@@ -265,6 +265,9 @@ def test_the_runner_follows_the_weights_or_refuses_loudly():
         experts.w_up.data = experts.w_up.data * 2.0
     with torch.inference_mode(), pytest.raises(RuntimeError, match="prepare"):
         model(ids)
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # a parameter object replaced
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="prepare"):
+        model(ids)
     cpu_runner.prepare(model)
     with torch.inference_mode():
         torch.testing.assert_close(model(ids), modules_only(model)(ids), rtol=1e-4, atol=1e-4)
