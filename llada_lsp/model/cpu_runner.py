@@ -167,10 +167,16 @@ class CPURunner:
     def parameters_changed(self) -> None:
         """LLaDA2._apply's call after `.to()`, `.float()`, `.cuda()`...: where the parameters' storage
         moved, the runner is built again from the new one (`prepare`: laid out again), or detached where
-        the model no longer qualifies (its arrays would hold the old storage alive)."""
-        if fingerprint(parameter_slots(self.model)) != self.fingerprint:
-            self.detach()
+        the model no longer qualifies (its arrays would hold the old storage alive; a model moved to a GPU
+        or to another dtype keeps the layout `.to()` gave it)."""
+        if fingerprint(parameter_slots(self.model)) == self.fingerprint:
+            return
+        self.detach()
+        reason = CPURunner.refusal(self.model)
+        if reason is None:
             prepare(self.model)
+        else:
+            log.info("the CPU runner is detached: %s; the model's modules run", reason)
 
     def _loaded(self, model: nn.Module, incompatible) -> None:
         """load_state_dict's post hook: values copied in place are read as they are; parameters assigned
