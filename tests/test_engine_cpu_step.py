@@ -1,7 +1,7 @@
 """The CPU step's trimmed model ops against the plain formulas they replace, bit for bit: RMSNorm through
 torch's kernel, q and k normed and rotated together (in place, the sign in the sin table), in float32,
-float64 and bfloat16; the CPU weight layout (transposed storage, gate and up in one GEMM, grouped expert
-GEMMs) against the plain one; the attention mask made additive once."""
+float64 and bfloat16; the CPU weight layout (transposed storage, gate and up joined for the runner) and
+the grouped expert GEMMs against the plain layout and the per-expert loop; the attention mask made additive once."""
 
 from __future__ import annotations
 
