@@ -3,15 +3,19 @@
 that knows the storage it lays the weights out in.
 
 `prepare(model)` (the loader calls it for a model wholly on the CPU) stores the weights as a CPU GEMM
-reads them fastest (`layout`), then, where the model and the kernel backend allow it (`CPURunner.refusal`),
-builds the runner (`CPURunner`), attaches it as `model.runner` and compiles what a step runs (a
-one-token forward). LLaDA2.forward hands a forward to the runner where it runs (`runs`: float32 CPU
-activations, no autograd, the backend's CPU kernels on), else runs its modules.
+reads them fastest (`layout`: each SwiGLU's gate and up joined in one storage, which only the runner
+reads as one; the parameters become views of it), then, where the model and the kernel backend allow it
+(`CPURunner.refusal`), builds the runner (`CPURunner`), attaches it as `model.runner` and compiles what a
+step runs (a one-token forward). LLaDA2.forward hands a forward to the runner where it runs (`runs`:
+float32 CPU activations, no autograd, the backend's CPU kernels on), else runs its modules, which know
+nothing of the joined storage (they multiply their parameters, views or not).
 
-A parameter change: `model.to(...)`, `.float()` and the like (nn.Module._apply) and `load_state_dict`
-rebuild the runner (or drop it, with a log line, where the model no longer qualifies); a parameter whose
-storage was replaced by hand (`p.data = ...`) is refused loudly at the next forward (RuntimeError), never
-run through stale arrays nor silently sent to the modules.
+A parameter change that gives the parameters new storage: `model.to(...)`, `.float()` and the like
+(LLaDA2._apply tells the runner: `parameters_changed`) and `load_state_dict(..., assign=True)` (a hook
+the runner registers) rebuild the runner from the new storage (or detach it, with a log line, where the
+model no longer qualifies); values loaded in place are read as they are. A parameter whose storage was
+replaced by hand (`p.data = ...`) is refused loudly at the next forward (RuntimeError), never run through
+stale arrays nor silently sent to the modules.
 """
 
 from __future__ import annotations
@@ -27,9 +31,14 @@ from torch import nn
 from .. import kernel_backend as backend
 from .. import kernels
 from ..kernels import cpu
-from .llada2 import MLP, DecoderLayer, Experts, KVView, LLaDA2, SparseMoE, stored_gate_up
+from .llada2 import MLP, DecoderLayer, Experts, KVView, LLaDA2, SparseMoE
 
 log = logging.getLogger(__name__)
+
+# A SwiGLU's weights as the runner's kernels take them: (gate_up [G, C, 2I], down [G, I, C]), G groups
+# (a dense MLP's one; the routed experts, then the shared one where joined), whose storage the
+# parameters are views of after `layout`.
+Joint = tuple[torch.Tensor, torch.Tensor]
 
 
 class CPUWeights(NamedTuple):
@@ -56,32 +65,33 @@ class CPULayer:
     products are torch's bit for bit; the norms, SiLU and sums agree within float32 rounding
     (tests/kernels/test_cpu_kernels.py). `weights` are numpy views of the layer's storage, made once."""
 
-    def __init__(self, layer: DecoderLayer, joint: tuple[torch.Tensor, torch.Tensor] | None):
+    def __init__(self, layer: DecoderLayer, joints: dict[nn.Module, Joint]):
         attention = layer.attention
         self.layer_idx = attention.layer_idx
         self.H, self.K = attention.n_head, attention.n_kv
         self.eps = layer.input_layernorm.eps
         self.expert_ids: np.ndarray | None = None  # the last forward's routing [N, A] (benchmarks read it)
-        self.weights = self._weights(layer, joint)
+        self.weights = self._weights(layer, joints)
 
     @staticmethod
-    def _weights(layer: DecoderLayer, joint: tuple[torch.Tensor, torch.Tensor] | None) -> CPUWeights | None:
+    def _weights(layer: DecoderLayer, joints: dict[nn.Module, Joint]) -> CPUWeights | None:
+        """The layer's kernel arguments; None where its SwiGLU weights are not views of `layout`'s joined
+        storage (`joints`)."""
         attention, mlp = layer.attention, layer.mlp
         if isinstance(mlp, SparseMoE):
             experts, r = mlp.experts, mlp.gate
-            if joint is None:  # no shared expert joined: the routed experts' own storage
-                both = stored_gate_up(experts.gate_up, experts.w_gate, experts.w_up)
-                if mlp.shared_experts is not None or both is None:
-                    return None
-                joint = both, experts.w_down.transpose(1, 2)
+            joint = joints.get(mlp)  # the shared expert joined as the last group
+            if joint is None and mlp.shared_experts is None:  # no shared expert: the routed experts' own storage
+                joint = joints.get(experts)
+            params = [experts.w_gate, experts.w_up, experts.w_down]
+            if mlp.shared_experts is not None:
+                params += list(mlp.shared_experts.parameters())
             router = (cpu.array(r.weight).T, cpu.array(r.expert_bias), r.n_group, r.topk_group, r.top_k, r.scale,
                       r.normalise, mlp.shared_experts is not None)  # fmt: skip
         else:
-            both = stored_gate_up(mlp.gate_up, mlp.gate_proj.weight, mlp.up_proj.weight)
-            if both is None:
-                return None
-            joint, router = (both[None], mlp.down_proj.weight.T[None]), cpu.dense_router(both.shape[0])
-        if not all(w.is_contiguous() for w in joint):
+            joint, params = joints.get(mlp), list(mlp.parameters())
+            router = None if joint is None else cpu.dense_router(joint[0].shape[1])
+        if joint is None or not all(w.is_contiguous() for w in joint) or not views_of(joint, params):
             return None
         return CPUWeights(cpu.array(layer.input_layernorm.weight), cpu.array(layer.post_attention_layernorm.weight),
                           cpu.array(attention.query_key_value.weight.T), cpu.array(attention.query_layernorm.weight),
@@ -112,24 +122,66 @@ class CPULayer:
         return out.transpose(1, 2).numpy().reshape(q.shape[0] * q.shape[2], -1)
 
 
-def fingerprint(model: LLaDA2) -> tuple[int, ...]:
-    """Where every parameter's storage starts: what the runner's numpy views read."""
-    return tuple(p.data_ptr() for p in model.parameters())
+def parameter_slots(model: nn.Module) -> list[tuple[dict, str]]:
+    """Where each of the model's parameters is held (its module's parameter dict and its name): read on
+    every forward by `fingerprint`, so a parameter object replaced in its module is seen as one whose
+    storage was (a submodule replaced whole is not: `prepare` again after that)."""
+    return [(m._parameters, name) for m in model.modules() for name, p in m._parameters.items() if p is not None]
+
+
+def fingerprint(slots: list[tuple[dict, str]]) -> tuple[int, ...]:
+    """Where every parameter's storage starts: what the runner's numpy views read. From the slots made
+    once (`parameter_slots`): model.parameters() walks every module on each call, ~13 times the time
+    (77 against 6 us a forward here, for the embedded model's 54 parameters)."""
+    return tuple(params[name].data_ptr() for params, name in slots)
+
+
+def views_of(joint: Joint, params: list[torch.Tensor]) -> bool:
+    """Whether every one of `params` is a view of the joined storage (gate_up's or down's)."""
+    storages = {t.untyped_storage().data_ptr() for t in joint}
+    return all(p.untyped_storage().data_ptr() in storages for p in params)
 
 
 class CPURunner:
     """The model's flat CPU forward (`forward`), built from a laid-out model (`prepare`)."""
 
-    def __init__(self, model: LLaDA2, joints: dict[int, tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self, model: LLaDA2, joints: dict[nn.Module, Joint]):
         self.model = model
         with torch.no_grad():  # (the storage is read for inference: no gradient reaches it through the runner)
-            self.layers = [CPULayer(layer, joints.get(i)) for i, layer in enumerate(model.model.layers)]
+            self.layers = [CPULayer(layer, joints) for layer in model.model.layers]
         if any(layer.weights is None for layer in self.layers):
             raise ValueError("a layer's weights are not in the CPU layout's storage: run cpu_runner.layout first")
         self.w_in = model.model.layers[0].input_layernorm.weight
         self.final = cpu.array(model.model.norm.weight)
         self.head = cpu.array(model.lm_head.weight.T)
-        self.fingerprint = fingerprint(model)
+        self.slots = parameter_slots(model)
+        self.fingerprint = fingerprint(self.slots)
+        self._hook = model.register_load_state_dict_post_hook(self._loaded)
+
+    def detach(self) -> None:
+        """The runner off the model (its hook removed; the modules run every forward until `prepare`)."""
+        self._hook.remove()
+        if self.model.runner is self:
+            self.model.runner = None
+
+    def parameters_changed(self) -> None:
+        """LLaDA2._apply's call after `.to()`, `.float()`, `.cuda()`...: where the parameters' storage
+        moved, the runner is built again from the new one (`prepare`: laid out again), or detached where
+        the model no longer qualifies (its arrays would hold the old storage alive; a model moved to a GPU
+        or to another dtype keeps the layout `.to()` gave it)."""
+        if fingerprint(parameter_slots(self.model)) == self.fingerprint:
+            return
+        self.detach()
+        reason = CPURunner.refusal(self.model)
+        if reason is None:
+            prepare(self.model)
+        else:
+            log.info("the CPU runner is detached: %s; the model's modules run", reason)
+
+    def _loaded(self, model: nn.Module, incompatible) -> None:
+        """load_state_dict's post hook: values copied in place are read as they are; parameters assigned
+        (`assign=True`) are new storage, as after a `.to()`."""
+        self.parameters_changed()
 
     @staticmethod
     def refusal(model: LLaDA2) -> str | None:
@@ -157,7 +209,7 @@ class CPURunner:
         """LLaDA2.forward from the embeddings x [B, T, C], over numpy arrays, each layer norming the next
         one's input (the last, the final norm's). Refuses (RuntimeError) a model whose parameters moved
         since the runner was built and that was not rebuilt (a `.data` replaced by hand)."""
-        if fingerprint(self.model) != self.fingerprint:
+        if fingerprint(self.slots) != self.fingerprint:
             raise RuntimeError("the model's parameters moved since its CPU runner was built (a parameter's .data "
                                "replaced by hand?): call llada_lsp.model.cpu_runner.prepare(model) again")  # fmt: skip
         layers = self.layers
@@ -194,48 +246,56 @@ def prepare(model: nn.Module) -> CPURunner | None:
     backend.announce()
     reason = CPURunner.refusal(model)
     if reason is not None:
+        if isinstance(model.runner, CPURunner):
+            model.runner.detach()
         model.runner = None
         log.info("the CPU runner does not run this model: %s; its modules do", reason)
         return None
+    if isinstance(model.runner, CPURunner):
+        model.runner.detach()
     model.runner = CPURunner(model, joints)
-    model.runner_builder = prepare
     cpu.warm_up(lambda: model(torch.zeros(1, 1, dtype=torch.long, device=model.device)))  # what a step runs
     if not backend.current().cpu:  # the warm-up failed: the kernels are off for the process
-        model.runner = None
+        model.runner.detach()
     return model.runner
 
 
-def layout(model: nn.Module) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+def layout(model: nn.Module) -> dict[nn.Module, Joint]:
     """Stores the weights as a CPU GEMM reads them fastest, values and shapes unchanged: each matrix
     [out, in] becomes the transposed view of a contiguous [in, out] one (F.linear then multiplies by a
     contiguous right-hand side: about a quarter faster here at a step's shapes), and each SwiGLU's gate
-    and up share one [in, 2 * inner] storage (`gate_up`), which the modules' forward also multiplies in
-    one GEMM (llada2.stored_gate_up); a shared expert as wide as a routed one is stored as the routed
-    experts' last (`joint_storage`). FP8 experts keep their layout. Saving copies every weight contiguous
-    (loader.save_model). Returns each joined layer's (gate_up [E + 1, C, 2I], down [E + 1, I, C])."""
-    joints: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    and up share one [in, 2 * inner] storage, which the runner's kernels multiply in one GEMM; a shared
+    expert as wide as a routed one is stored as the routed experts' last (`joint_storage`). FP8 experts
+    keep their layout. Saving copies every weight contiguous (loader.save_model). Returns the joined
+    storage (Joint) of each MLP, each Experts and each SparseMoE whose shared expert was joined: the
+    runner's, which the modules never read as such."""
+    joints: dict[nn.Module, Joint] = {}
+    gate_ups: dict[nn.Module, torch.Tensor] = {}
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, MLP):
                 both = torch.cat([module.gate_proj.weight.T, module.up_proj.weight.T], dim=1)  # [C, 2I]
                 inner = module.gate_proj.weight.shape[0]
                 module.gate_proj.weight.data, module.up_proj.weight.data = both[:, :inner].T, both[:, inner:].T
-                module.gate_up = both
+                gate_ups[module] = both
             elif type(module) is Experts:
                 both = torch.cat([module.w_gate.transpose(1, 2), module.w_up.transpose(1, 2)], dim=2)  # [E, C, 2I]
                 inner = module.w_gate.shape[1]
                 module.w_gate.data = both[:, :, :inner].transpose(1, 2)
                 module.w_up.data = both[:, :, inner:].transpose(1, 2)
                 module.w_down.data = module.w_down.transpose(1, 2).contiguous().transpose(1, 2)
-                module.gate_up = both
+                joints[module] = both, module.w_down.transpose(1, 2)
         for module in model.modules():
             if isinstance(module, nn.Linear) and module.weight.is_contiguous():
                 module.weight.data = module.weight.T.contiguous().T
+        for module, both in gate_ups.items():  # (down's storage transposed just above)
+            joints[module] = both[None], module.down_proj.weight.T[None]
         for module in model.modules():
-            if isinstance(module, DecoderLayer) and isinstance(module.mlp, SparseMoE):
-                joint = joint_storage(module.mlp)
-                if joint is not None:
-                    joints[module.attention.layer_idx] = joint
+            if isinstance(module, SparseMoE):
+                joint = joint_storage(module)
+                if joint is not None:  # (the experts' and the shared expert's own entries no longer hold)
+                    joints[module] = joint
+                    joints.pop(module.experts), joints.pop(module.shared_experts)
     return joints
 
 
@@ -253,7 +313,7 @@ def joint_storage(moe: SparseMoE) -> tuple[torch.Tensor, torch.Tensor] | None:
     gate_up[E, :, :I], gate_up[E, :, I:] = shared.gate_proj.weight.T, shared.up_proj.weight.T
     down[:E], down[E] = experts.w_down.transpose(1, 2), shared.down_proj.weight.T
     experts.w_gate.data, experts.w_up.data = gate_up[:E, :, :I].transpose(1, 2), gate_up[:E, :, I:].transpose(1, 2)
-    experts.w_down.data, experts.gate_up = down[:E].transpose(1, 2), gate_up[:E]
+    experts.w_down.data = down[:E].transpose(1, 2)
     shared.gate_proj.weight.data, shared.up_proj.weight.data = gate_up[E, :, :I].T, gate_up[E, :, I:].T
-    shared.down_proj.weight.data, shared.gate_up = down[E].T, gate_up[E]
+    shared.down_proj.weight.data = down[E].T
     return gate_up, down

@@ -21,8 +21,8 @@ from ..kernels import cpu
 from . import fp8
 from .config import LLaDA2Config
 
-# Grouped GEMMs (torch >= 2.8): every expert's tokens by its own weights in one call; on the CPU the
-# sparse MoE's path after cpu_runner.layout.
+# Grouped GEMMs (torch >= 2.8): every expert's tokens by its own weights in one call; the sparse MoE's
+# inference path on the CPU in float32.
 GROUPED_MM = getattr(F, "grouped_mm", None)
 
 try:  # optional CUDA fast path, chosen at run time
@@ -197,24 +197,10 @@ class Attention(nn.Module):
         self.key_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.dense = nn.Linear(self.n_head * self.head_dim, config.hidden_size, bias=False)
 
-    _qk_weight: tuple[tuple, torch.Tensor] | None = None
-
     def qk_norm_weight(self) -> torch.Tensor:
-        """[H + K, D]: the query norm's weight for each query head, then the key norm's for each key
-        head. On the CPU made again only when a weight changed; made in the step elsewhere (a CUDA graph
-        or torch.compile holds it), and wherever a gradient must reach the weights."""
+        """[H + K, D]: the query norm's weight for each query head, then the key norm's for each key head."""
         wq, wk = self.query_layernorm.weight, self.key_layernorm.weight
-        if (
-            wq.device.type != "cpu"
-            or torch.compiler.is_compiling()
-            or (torch.is_grad_enabled() and (wq.requires_grad or wk.requires_grad))
-            or wq.is_inference()  # (made under inference_mode: no version counter to key on)
-        ):
-            return torch.cat([wq.expand(self.n_head, -1), wk.expand(self.n_kv, -1)])
-        key = (wq.data_ptr(), wq._version, wk.data_ptr(), wk._version, wq.dtype, wq.device)
-        if self._qk_weight is None or self._qk_weight[0] != key:
-            self._qk_weight = key, torch.cat([wq.expand(self.n_head, -1), wk.expand(self.n_kv, -1)])
-        return self._qk_weight[1]
+        return torch.cat([wq.expand(self.n_head, -1), wk.expand(self.n_kv, -1)])
 
     def forward(self, x, cos, sin, allow, kv: KVView | None):
         """kv: None, or the cache's view for this forward (KVView)."""
@@ -251,13 +237,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
 
-    gate_up: torch.Tensor | None = None  # [C, 2I]: both weights' storage after cpu_runner.layout
-
     def forward(self, x, blocks: RoutingBlocks | None = None):  # `blocks`: routing, which a dense layer has none of
-        both = stored_gate_up(self.gate_up, self.gate_proj.weight, self.up_proj.weight)
-        if both is not None:  # one GEMM for gate and up (the same numbers: each output column is its own)
-            gate, up = (x @ both).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -349,8 +329,6 @@ class Experts(nn.Module):
         self.w_up = nn.Parameter(torch.empty(n_experts, inner, hidden))  # [E, I, C]
         self.w_down = nn.Parameter(torch.empty(n_experts, hidden, inner))  # [E, C, I]
 
-    gate_up: torch.Tensor | None = None  # [E, C, 2I]: w_gate's and w_up's storage after cpu_runner.layout
-
     # Experts per dense chunk; None: all at once (plain weights are read in place, nothing is copied).
     dense_chunk: int | None = None
 
@@ -385,19 +363,17 @@ class Experts(nn.Module):
     def sparse(self, x, expert_ids, weights):
         """Tokens grouped by expert, gathered once; each expert's SwiGLU on its tokens; then weighted
         and added back in one op each (the same sums in the same order as adding expert by expert:
-        index_add runs its rows in order). After cpu_runner.layout, in float32 with no gradient to keep: two grouped GEMMs
-        over all experts at once and no host read; else one matmul chain per expert that has tokens
-        (differentiable: training takes it). Both give the same numbers (tests/model/test_cpu_layout.py)."""
+        index_add runs its rows in order). Where `groups(x)` (the CPU's inference in float32): three
+        grouped GEMMs over all experts at once and no host read; else one matmul chain per expert that has
+        tokens (differentiable: training takes it). Both give the same numbers (tests/model/test_cpu_layout.py)."""
         N, A = expert_ids.shape
-        grouped = GROUPED_MM is not None and x.dtype == torch.float32  # (it takes no float64)
-        both = stored_gate_up(self.gate_up, self.w_gate, self.w_up) if grouped else None
         flat = expert_ids.flatten()
         order = flat.argsort(stable=True)
         token_of = order // A
         xs = x.index_select(0, token_of)  # each expert's tokens [n, C], in expert order
         counts = torch.bincount(flat, minlength=self.w_gate.shape[0])
-        if both is not None:
-            y = self.grouped(xs, both, counts.cumsum(0, dtype=torch.int32))
+        if self.groups(x):
+            y = self.grouped(xs, counts.cumsum(0, dtype=torch.int32))
         else:
             ys = []
             for e, xe in enumerate(xs.split(counts.tolist())):
@@ -409,10 +385,22 @@ class Experts(nn.Module):
         y = y * weights.reshape(N * A, 1).index_select(0, order)  # [N * A, C]
         return torch.zeros_like(x).index_add_(0, token_of, as_dtype(y, x.dtype))
 
-    def grouped(self, xs: torch.Tensor, both: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-        """Every expert's SwiGLU on its rows of xs [n, C] (expert order; `ends` [E] int32): two grouped
-        GEMMs over all experts, gate and up in one (cpu_runner.layout's `both`)."""
-        gate, up = GROUPED_MM(xs, both, offs=ends).chunk(2, dim=-1)
+    def groups(self, x: torch.Tensor) -> bool:
+        """Whether `sparse` runs the grouped GEMMs for x [N, C]: torch has them, float32 activations and
+        weights on the CPU (they take no float64; a GPU's want bfloat16), no gradient to keep."""
+        return (
+            GROUPED_MM is not None
+            and x.dtype == torch.float32
+            and self.w_gate.dtype == torch.float32
+            and x.device.type == "cpu"
+            and not (torch.is_grad_enabled() and self.w_gate.requires_grad)
+        )
+
+    def grouped(self, xs: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """Every expert's SwiGLU on its rows of xs [n, C] (expert order; `ends` [E] int32): a grouped GEMM
+        over all experts each for gate, up and down."""
+        gate = GROUPED_MM(xs, self.w_gate.transpose(1, 2), offs=ends)
+        up = GROUPED_MM(xs, self.w_up.transpose(1, 2), offs=ends)
         return GROUPED_MM(F.silu(gate) * up, self.w_down.transpose(1, 2), offs=ends)
 
     def fused(self, x, expert_ids, weights):
@@ -539,18 +527,17 @@ class LLaDA2(nn.Module):
         # A model split over devices (loader's `devices`): the device that takes over at each boundary,
         # keyed by the first layer it holds (num_hidden_layers: the final norm and head). {}: one device.
         self.hops: dict[int, torch.device] = {}
-        self.register_load_state_dict_post_hook(_rebuild_runner)
 
-    # The CPU runner (model/cpu_runner.py), built at load by cpu_runner.prepare: where it runs a forward
+    # The CPU runner (model/cpu_runner.py), attached by cpu_runner.prepare: where it runs a forward
     # (`runs`), LLaDA2.forward hands it the embeddings; None: the modules run every forward.
     runner = None
-    runner_builder = None  # cpu_runner.prepare, set by it: what rebuilds the runner after a change
 
     def _apply(self, fn, *args, **kwargs):
-        """nn.Module's `.to()`, `.float()`, `.cuda()`...: the CPU runner's arrays would read the old
-        storage, so it is rebuilt (or dropped, logged, where the model no longer qualifies)."""
+        """nn.Module's `.to()`, `.float()`, `.cuda()`...: an attached runner is told the parameters may
+        have new storage (it rebuilds itself from them, or detaches)."""
         out = super()._apply(fn, *args, **kwargs)
-        _rebuild_runner(self)
+        if self.runner is not None:
+            self.runner.parameters_changed()
         return out
 
     @property
@@ -628,25 +615,6 @@ class LLaDA2(nn.Module):
         if last_n is not None:
             x = x[:, -last_n:]
         return self.lm_head(self.model.norm(x))
-
-
-def _rebuild_runner(model: LLaDA2, *_) -> None:
-    """After a parameter change (_apply, load_state_dict): the CPU runner made again from the new storage."""
-    if model.runner is not None and model.runner_builder is not None:
-        model.runner = None
-        model.runner_builder(model)
-
-
-def stored_gate_up(both: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
-    """`both` (cpu_runner.layout's [.., C, 2I]) while it still is the storage of `gate` and `up` (a later
-    `.to()` or load replaces theirs) and no gradient has to reach them; else None (and under
-    torch.compile, which cannot trace the storage check: the separate GEMMs read the same weights)."""
-    if both is None or (torch.is_grad_enabled() and gate.requires_grad) or torch.compiler.is_compiling():
-        return None
-    inner = gate.shape[-2]
-    if gate.data_ptr() != both.data_ptr() or up.data_ptr() != both.data_ptr() + inner * both.element_size():
-        return None
-    return both
 
 
 def hand_off(device: torch.device, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:

@@ -248,12 +248,15 @@ def test_flat_layers_are_the_modules(shared):
 
 
 def test_the_runner_follows_the_weights_or_refuses_loudly():
-    """Values loaded in place are seen; `.to()` and `load_state_dict` rebuild the runner (or drop it, where
-    the model no longer qualifies); a parameter's `.data` replaced by hand is refused at the next forward
-    (never run through stale arrays, never a silent switch to the modules) until `prepare` runs again."""
+    """Values loaded in place are seen; `.to()` and `load_state_dict(assign=True)` that give the parameters
+    new storage rebuild the runner (or detach it, where the model no longer qualifies); a parameter's
+    `.data` replaced by hand is refused at the next forward (never run through stale arrays, never a silent
+    switch to the modules) until `prepare` runs again."""
     model = small_model(small_config())
     other = small_model(small_config(), seed=1)
-    model.load_state_dict(other.state_dict())
+    runner = model.runner
+    model.load_state_dict(other.state_dict())  # copied in place: the same storage, the same runner
+    assert model.runner is runner
     ids = torch.randint(2, 160, (1, 32), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         torch.testing.assert_close(model(ids), modules_only(other)(ids), rtol=1e-4, atol=1e-4)
@@ -262,22 +265,32 @@ def test_the_runner_follows_the_weights_or_refuses_loudly():
         experts.w_up.data = experts.w_up.data * 2.0
     with torch.inference_mode(), pytest.raises(RuntimeError, match="prepare"):
         model(ids)
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # a parameter object replaced
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="prepare"):
+        model(ids)
     cpu_runner.prepare(model)
     with torch.inference_mode():
         torch.testing.assert_close(model(ids), modules_only(model)(ids), rtol=1e-4, atol=1e-4)
         assert not torch.allclose(model(ids), modules_only(other)(ids), rtol=1e-3, atol=1e-3)  # the change is seen
     runner = model.runner
-    with torch.inference_mode():
-        before = model(ids)
-    model.to(torch.float32)  # an _apply: rebuilt from the (same) storage
+    model.load_state_dict(small_model(small_config(), seed=2).state_dict(), assign=True)  # new storage: rebuilt
     assert model.runner is not None and model.runner is not runner
-    model.to(torch.float64)  # no longer the runner's: dropped, the modules run
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids), modules_only(model)(ids), rtol=1e-4, atol=1e-4)
+        before = model(ids)
+    runner = model.runner
+    model.to(torch.float32)  # an _apply that moves nothing: the same runner
+    assert model.runner is runner
+    model.to(torch.float64)  # no longer the runner's: detached, the modules run
     assert model.runner is None
     with torch.inference_mode():
         torch.testing.assert_close(model(ids).float(), before, rtol=1e-4, atol=1e-4)  # the modules, in float64
     model.to(torch.float32)
-    assert model.runner is None  # (dropped stays dropped until prepare: nothing to rebuild from)
+    assert model.runner is None  # (detached stays detached until prepare: nothing to rebuild from)
     assert cpu_runner.prepare(model) is not None
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids), before, rtol=1e-4, atol=1e-4)
+    assert len(model._load_state_dict_post_hooks) == 1  # the live runner's hook only: none left by the others
 
 
 def test_the_switch():

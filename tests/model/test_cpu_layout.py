@@ -1,7 +1,7 @@
 """The CPU step's trimmed model ops against the plain formulas they replace, bit for bit: RMSNorm through
 torch's kernel, q and k normed and rotated together (in place, the sign in the sin table), in float32,
-float64 and bfloat16; the CPU weight layout (transposed storage, gate and up in one GEMM, grouped expert
-GEMMs) against the plain one; the attention mask made additive once."""
+float64 and bfloat16; the CPU weight layout (transposed storage, gate and up joined for the runner) and
+the grouped expert GEMMs against the plain layout and the per-expert loop; the attention mask made additive once."""
 
 from __future__ import annotations
 
@@ -84,9 +84,6 @@ def plain_copy(model):
     import copy
 
     plain = copy.deepcopy(model)
-    for module in plain.modules():
-        if hasattr(module, "gate_up"):
-            module.gate_up = None
     for p in plain.parameters():
         p.data = p.data.contiguous()
     plain.runner = None  # the modules' own path
@@ -101,7 +98,8 @@ def test_the_cpu_layout_keeps_every_weight_and_every_decision():
 
     model = load_model(None, device="cpu", dtype=torch.float32)
     assert not model.lm_head.weight.is_contiguous() and model.lm_head.weight.T.is_contiguous()
-    assert model.model.layers[1].mlp.experts.gate_up is not None
+    experts = model.model.layers[1].mlp.experts
+    assert experts.w_gate.untyped_storage().data_ptr() == experts.w_up.untyped_storage().data_ptr()  # joined
     plain = plain_copy(model)
     for (name, a), (_, b) in zip(model.state_dict().items(), plain.state_dict().items()):
         assert a.shape == b.shape and torch.equal(a, b), name
@@ -117,9 +115,10 @@ def test_the_cpu_layout_keeps_every_weight_and_every_decision():
         assert (got.tokens, got.steps) == (want.tokens, want.steps)
 
 
-def test_grouped_experts_are_the_per_expert_loop_bit_for_bit():
-    """After cpu_runner.layout the sparse MoE runs two grouped GEMMs; the per-expert loop on the same weights gives
-    the same numbers, with experts that take no token, one token, or all of them."""
+def test_grouped_experts_are_the_per_expert_loop_bit_for_bit(monkeypatch):
+    """On the CPU in float32 the sparse MoE runs grouped GEMMs; the per-expert loop on the same weights gives
+    the same numbers, with experts that take no token, one token, or all of them, on the weights as built
+    and as cpu_runner.layout stores them (views of a joined storage)."""
     if llada2.GROUPED_MM is None:
         pytest.skip("this torch has no grouped_mm: the loop is the only path")
     torch.manual_seed(0)
@@ -128,41 +127,49 @@ def test_grouped_experts_are_the_per_expert_loop_bit_for_bit():
         torch.nn.init.normal_(w, std=0.05)
     model = torch.nn.Module()
     model.experts = experts
-    cpu_runner.layout(model)
     x = torch.randn(40, 256)
     routings = [torch.randint(0, 8, (40, 2)), torch.zeros(40, 2, dtype=torch.long), torch.arange(80).view(40, 2) % 3]
-    for ids in routings:
-        weights = torch.rand(40, 2)
-        with torch.inference_mode():
-            grouped = experts.sparse(x, ids, weights)
-            both, experts.gate_up = experts.gate_up, None
-            looped = experts.sparse(x, ids, weights)
-            experts.gate_up = both
-        assert torch.equal(grouped, looped)
+    for laid_out in (False, True):
+        if laid_out:
+            cpu_runner.layout(model)
+            assert not experts.w_gate.is_contiguous()
+        for ids in routings:
+            weights = torch.rand(40, 2)
+            with torch.inference_mode():
+                assert experts.groups(x)
+                grouped = experts.sparse(x, ids, weights)
+                with monkeypatch.context() as m:
+                    m.setattr(experts, "groups", lambda x: False)
+                    looped = experts.sparse(x, ids, weights)
+            assert torch.equal(grouped, looped)
+    assert not experts.groups(x)  # autograd records here: the differentiable loop
+    with torch.inference_mode():
+        assert not experts.groups(x.double())
 
 
-def test_fused_weights_are_used_only_while_they_are_the_weights():
-    """cpu_runner.layout's shared storage is read only while it is still the parameters' own: not after a `.to()`
-    that made new tensors, not while a gradient must reach the parameters; a weight changed in place is seen."""
+def test_laid_out_modules_compute_as_built_and_train():
+    """After cpu_runner.layout the modules multiply their parameters, views of the joined storage, as they
+    would the weights as built (within float32 rounding), and a gradient reaches every one of them."""
+    import copy
+
     torch.manual_seed(0)
-    mlp = llada2.MLP(64, 96)
     holder = torch.nn.Module()
-    holder.mlp = mlp
+    holder.mlp = llada2.MLP(64, 96)
+    built = copy.deepcopy(holder)
     cpu_runner.layout(holder)
+    mlp = holder.mlp
+    assert not mlp.gate_proj.weight.is_contiguous()
+    assert mlp.gate_proj.weight.untyped_storage().data_ptr() == mlp.up_proj.weight.untyped_storage().data_ptr()
     x = torch.randn(5, 64)
-
-    def plain(m, x):
-        return m.down_proj(F.silu(m.gate_proj(x)) * m.up_proj(x))
-
-    with torch.no_grad():
-        assert llada2.stored_gate_up(mlp.gate_up, mlp.gate_proj.weight, mlp.up_proj.weight) is not None
-        mlp.up_proj.weight.mul_(2.0)  # in place: the shared storage changes with it
-        torch.testing.assert_close(mlp(x), plain(mlp, x), rtol=1e-6, atol=1e-6)
-    assert llada2.stored_gate_up(mlp.gate_up, mlp.gate_proj.weight, mlp.up_proj.weight) is None  # grad enabled
-    wide = mlp.to(torch.float64)
-    with torch.no_grad():
-        assert llada2.stored_gate_up(wide.gate_up, wide.gate_proj.weight, wide.up_proj.weight) is None
-        assert torch.equal(wide(x.double()), plain(wide, x.double()))
+    with torch.inference_mode():
+        torch.testing.assert_close(mlp(x), built.mlp(x), rtol=1e-6, atol=1e-6)
+    mlp(x).square().sum().backward()
+    built.mlp(x).square().sum().backward()
+    for (name, p), q in zip(mlp.named_parameters(), built.mlp.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
+    wide = mlp.to(torch.float64)  # new storage: the plain modules still run, in float64
+    with torch.inference_mode():
+        torch.testing.assert_close(wide(x.double()), built.mlp.double()(x.double()), rtol=1e-12, atol=1e-12)
 
 
 def test_qk_norm_weight_follows_the_norm_weights():
@@ -173,8 +180,6 @@ def test_qk_norm_weight_follows_the_norm_weights():
                           num_hidden_layers=2, vocab_size=512, max_position_embeddings=512)  # fmt: skip
     attention = Attention(config, 0)
     with torch.no_grad():
-        first = attention.qk_norm_weight()
-        assert attention.qk_norm_weight() is first  # made once
         attention.key_layernorm.weight.fill_(3.0)
         again = attention.qk_norm_weight()
     assert torch.equal(again[:4], attention.query_layernorm.weight.expand(4, -1))
