@@ -88,9 +88,9 @@ codec = load_codec(None, "embedded")
 mark("tokenizer")
 engine = Engine(model)
 mark("engine (and CPU kernels)")
-prompt = codec.encode("<|fim_prefix|>def mean(values):\\n    total = 0\\n    return<|fim_suffix|>\\n<|fim_middle|>")
+prompt = codec.encode_markup("<|fim_prefix|>def mean(values):\\n    total = 0\\n    return<|fim_suffix|>\\n<|fim_middle|>")
 result = engine.generation(prompt, 64, "speed", mask_id=codec.special.mask, eos_early_stop=True).run()
-mark(f"one completion ({result.steps} steps)")
+mark(f"one completion in the engine, no server ({result.steps} steps, {len(result.tokens)} tokens)")
 phases["of which the CPU kernels' warm-ups (in the weights and the engine)"] = warm
 print(json.dumps(phases))
 """
