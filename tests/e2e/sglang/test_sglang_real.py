@@ -337,7 +337,11 @@ async def test_sglang_killed_mid_request_fails_in_words_and_the_service_recovers
                 assert answer is None or not answer.items, answer
             except Exception as err:
                 assert "SGLang at" in str(err), err
-            status = await front.status()
+            # Pushed to the front at most every 0.25 s (STATUS_INTERVAL), and known without waiting for
+            # the next probe (15 s while ready): a second is plenty.
+            deadline = time.monotonic() + 5
+            while (status := await front.status())["state"] == "ready" and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
             assert status["state"] != "ready", status
             # SGLang back on its port: the service finds it (it asks every 2 s) and answers again.
             cluster.start_server("speed", port=speed.port).wait_ready()
