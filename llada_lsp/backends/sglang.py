@@ -180,6 +180,11 @@ class SGLangWorker(KeyedJobs):
             await asyncio.sleep(self.probe_every[1] if settled else self.probe_every[0])
             await self._probe_all()
 
+    async def _ask_again(self, server: SGLangServer) -> None:
+        """One server's health asked now (not at the next probe), and the status it adds up to."""
+        await server.probe()
+        self._publish()
+
     async def _probe_all(self) -> None:
         await asyncio.gather(*(server.probe() for server in self.servers.values()))
         self._publish()
@@ -244,8 +249,7 @@ class SGLangWorker(KeyedJobs):
                                "generated blocks from the window's text, and SGLang starts them from masks")  # fmt: skip
         server = self.servers[self.backend.url(plan.request.mode)]
         if server.health.state != "ready":  # known to be down: asked again rather than failed on old news
-            await server.probe()
-            self._publish()
+            await self._ask_again(server)
             if server.health.state != "ready":
                 kind = "auth" if server.health.state == "refused" else "no_model"
                 raise BackendFailure(kind, f"SGLang at {server.url} {server.health.detail}")
@@ -316,8 +320,7 @@ class SGLangWorker(KeyedJobs):
         if early:
             self._abort(server, rid)
         elif not finished:  # a cut stream is news about the server: asked at once, not at the next probe
-            await server.probe()
-            self._publish()
+            await self._ask_again(server)
             raise BackendFailure("no_model", f"SGLang at {server.url} ended the stream before the generation ended")
         logger.debug("%s: %d blocks in %d streamed objects", ticket.label, blocks, objects)
         result = Result(ids[: request.gen_length], blocks, time.perf_counter() - started, ticket.is_set())

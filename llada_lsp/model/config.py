@@ -46,9 +46,9 @@ NOT_KEPT = ("model_type", "transformers_version")
 
 
 class LLaDA2Config:
-    """Defaults are those of LLaDA2.1-mini; every key of the real `config.json` is accepted and
-    unknown ones are kept as attributes (written back by `save_pretrained`) and ignored. `sliding_window` is ignored on purpose:
-    the real implementations never apply it."""
+    """Defaults are those of LLaDA2.1-mini; every key of the real `config.json` is accepted and unknown
+    ones are kept as attributes (written back by `save_pretrained`) and ignored. `sliding_window` is
+    ignored on purpose: the real implementations never apply it."""
 
     model_type = "llada2_moe"
 
@@ -119,7 +119,7 @@ class LLaDA2Config:
         self.delete_token_id, self.split_token_id = delete_token_id, split_token_id
         # (delete, split) given by the user at load time (loader's `edit_ids`); never written to config.json
         self.edit_ids_override: tuple[int, int] | None = None
-        # Real configs carry `rope_scaling: null`; popped so transformers does not warn about it.
+        # Real configs carry `rope_scaling: null`; kept under this name, and refused by validate_llada when set.
         self.unsupported_rope_scaling = kwargs.pop("rope_scaling", None)
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         self.tie_word_embeddings = tie_word_embeddings

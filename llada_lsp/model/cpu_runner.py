@@ -244,15 +244,13 @@ def prepare(model: nn.Module) -> CPURunner | None:
     if not isinstance(model, LLaDA2):
         return None
     backend.announce()
-    reason = CPURunner.refusal(model)
-    if reason is not None:
-        if isinstance(model.runner, CPURunner):
-            model.runner.detach()
-        model.runner = None
-        log.info("the CPU runner does not run this model: %s; its modules do", reason)
-        return None
     if isinstance(model.runner, CPURunner):
         model.runner.detach()
+    model.runner = None
+    reason = CPURunner.refusal(model)
+    if reason is not None:
+        log.info("the CPU runner does not run this model: %s; its modules do", reason)
+        return None
     model.runner = CPURunner(model, joints)
     cpu.warm_up(lambda: model(torch.zeros(1, 1, dtype=torch.long, device=model.device)))  # what a step runs
     if not backend.current().cpu:  # the warm-up failed: the kernels are off for the process

@@ -315,11 +315,7 @@ def load_tokenizer(path: str | Path | None = None):
     """The checkpoint's tokenizer through transformers' AutoTokenizer (no remote code), or None if it has
     none: the whole of transformers' interface, for scripts and training."""
     folder = resolve_path(path)
-    if not _has_tokenizer(folder):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    return _transformers_tokenizer(folder) if _has_tokenizer(folder) else None
 
 
 def load_serving_tokenizer(path: str | Path | None = None):
@@ -329,11 +325,17 @@ def load_serving_tokenizer(path: str | Path | None = None):
     folder = resolve_path(path)
     if not _has_tokenizer(folder):
         return None
-    return read_tokenizer(folder) or load_tokenizer(folder)
+    return read_tokenizer(folder) or _transformers_tokenizer(folder)
 
 
 def _has_tokenizer(folder: Path) -> bool:
     return any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+
+
+def _transformers_tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
 
 
 def save_model(model: LLaDA2, folder: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:

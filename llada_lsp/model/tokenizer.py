@@ -28,11 +28,12 @@ class CheckpointTokenizer:
     `decode`, `batch_decode`, `len`, `get_vocab`, `convert_tokens_to_ids`, the special ids."""
 
     def __init__(self, backend: Any, special: dict[str, str], extra: list[str]):
-        self.backend = backend  # tokenizers.Tokenizer
+        self.backend = backend  # tokenizers.Tokenizer: special tokens' texts become their ids
+        # The same tokenizer with `encode_special_tokens` set, made on first use: a flag switched on one
+        # shared tokenizer for each call would be seen by another thread's encoding meanwhile.
+        self._literal: Any = None
         self.special_tokens = special  # "eos_token" -> "<|endoftext|>", as tokenizer_config.json names them
-        self.extra_special_tokens = extra
-        tokens = [*special.values(), *extra]
-        self.all_special_tokens = list(dict.fromkeys(tokens))  # unique, first seen first, as transformers
+        self.all_special_tokens = list(dict.fromkeys([*special.values(), *extra]))  # unique, as transformers
         self.all_special_ids = [self.convert_tokens_to_ids(t) for t in self.all_special_tokens]
 
     def __len__(self) -> int:
@@ -43,22 +44,20 @@ class CheckpointTokenizer:
         """{"input_ids": ids} for one text, or a list of them for a list of texts. `split_special_tokens`:
         a special token's text in `text` is encoded as text, never as the special id."""
         texts = [text] if isinstance(text, str) else list(text)
-        backend = self.backend
-        backend.encode_special_tokens = split_special_tokens
-        try:
-            ids = [e.ids for e in backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
-        finally:
-            backend.encode_special_tokens = False
+        backend = self._literal_backend() if split_special_tokens else self.backend
+        ids = [e.ids for e in backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
         return {"input_ids": ids[0] if isinstance(text, str) else ids}
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self(text, add_special_tokens)["input_ids"]
+    def _literal_backend(self) -> Any:
+        if self._literal is None:  # (two threads may both make one: either is right)
+            literal = type(self.backend).from_str(self.backend.to_str())
+            literal.encode_special_tokens = True
+            self._literal = literal
+        return self._literal
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False,
                clean_up_tokenization_spaces: bool = False) -> str:  # fmt: skip
-        if clean_up_tokenization_spaces:
-            raise ValueError("clean_up_tokenization_spaces is not supported: the text is decoded as it was")
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return self.batch_decode([ids], skip_special_tokens, clean_up_tokenization_spaces)[0]
 
     def batch_decode(self, batch: list[list[int]], skip_special_tokens: bool = False,
                      clean_up_tokenization_spaces: bool = False) -> list[str]:  # fmt: skip
@@ -73,27 +72,22 @@ class CheckpointTokenizer:
         found = self.backend.token_to_id(token)
         return found if found is not None else self.unk_token_id
 
-    def _id_of(self, name: str) -> int | None:
-        token = self.special_tokens.get(name)
+    @property
+    def unk_token_id(self) -> int | None:
+        token = self.special_tokens.get("unk_token")
         return None if token is None else self.backend.token_to_id(token)
 
     @property
-    def unk_token_id(self) -> int | None:
-        return self._id_of("unk_token")
-
-    @property
     def eos_token_id(self) -> int | None:
-        return (
-            self.convert_tokens_to_ids(self.special_tokens["eos_token"]) if "eos_token" in self.special_tokens else None
-        )
+        return self._id_of("eos_token")
 
     @property
     def mask_token_id(self) -> int | None:
-        return (
-            self.convert_tokens_to_ids(self.special_tokens["mask_token"])
-            if "mask_token" in self.special_tokens
-            else None
-        )
+        return self._id_of("mask_token")
+
+    def _id_of(self, name: str) -> int | None:
+        token = self.special_tokens.get(name)
+        return None if token is None else self.convert_tokens_to_ids(token)
 
 
 def read_tokenizer(folder: Path) -> CheckpointTokenizer | None:
