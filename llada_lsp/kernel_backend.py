@@ -82,9 +82,9 @@ def current() -> Backend:
 def decide(environ=None, find_gemm=None) -> Backend:
     """The best rung this machine allows (the module's docstring): the one place the backend is chosen."""
     env = os.environ if environ is None else environ
-    gpu = importlib.util.find_spec("triton") is not None and env.get(SWITCH, "1") != "0"
     if env.get(SWITCH, "1") == "0":
         return Backend(False, "none", False, f"{SWITCH}=0")
+    gpu = importlib.util.find_spec("triton") is not None
     if importlib.util.find_spec("numba") is None:
         return Backend(False, "none", gpu, "numba is not installed")
     if env.get(GEMM_SWITCH) == "portable":

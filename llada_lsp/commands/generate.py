@@ -84,7 +84,6 @@ def generate_main(argv: list[str] | None = None) -> int:
     else:
         prompt_ids = args.prompt_ids
     policy = JointThreshold(threshold, editing)
-    mask_id = model.config.mask_token_id if args.mask_id is None else args.mask_id
     bar.set_description("decoding")
     bar.bar_format = None  # tqdm's own: count, bar, rate
     bar.reset(total=args.gen_length)
@@ -92,6 +91,7 @@ def generate_main(argv: list[str] | None = None) -> int:
         generation = Engine(model, block_size=args.block_length).generation(
             prompt_ids, args.gen_length, policy, args.max_post_steps, args.eos_early_stop, args.mask_id, args.eos_id
         )
+        mask_id = generation.settings.mask_id  # the engine's: the flag's, else the checkpoint's
         for draft in generation:
             bar.update(sum(t != mask_id for t in draft.generated) - bar.n)
         result = generation.result

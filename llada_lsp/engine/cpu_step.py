@@ -6,7 +6,7 @@ than to compute.
 Their references are the engine's torch paths (cache.device_tables; policy.first_max and the mask
 search of _cpu_guesses; policy.packed_decisions), which stay the path on every other device;
 tests/engine/test_cpu_step.py holds these to them. The tables run where `host_enabled(rows)` says so, the
-rule where `cpu.enabled(logits)` does (both read kernels/kernel_backend.py's one decision). Bulk passes over
+rule where `cpu.enabled(logits)` does (both read llada_lsp/kernel_backend.py's one decision). Bulk passes over
 the logits stay in torch (see kernels/cpu.py). The layouts are step_layout.py's. Knows nothing of
 sequences, the cache's pages or the model.
 """

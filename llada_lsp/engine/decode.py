@@ -114,13 +114,6 @@ class Engine:
         elif edit_ids is None and isinstance(policy, JointThresholdInDel):
             raise ValueError("JointThresholdInDel needs a checkpoint with edit tokens (LLaDA2.2)")
         checks.thresholds(policy.threshold, policy.editing_threshold)
-        if edit_ids is not None and (isinstance(max_post_steps, bool) or not isinstance(max_post_steps, int)
-                                     or max_post_steps < 0):  # fmt: skip
-            raise ValueError(
-                f"max_post_steps (the post-edit budget) must be a non-negative integer, got {max_post_steps!r}"
-            )
-        if gen_length < 1:
-            raise ValueError(f"gen_length must be at least 1, got {gen_length}")
         total = len(prompt_ids) + gen_length
         if total > config.max_position_embeddings:
             raise ValueError(

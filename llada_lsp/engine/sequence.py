@@ -275,11 +275,6 @@ class Sequence:
 
     # --- what the scheduler asks -------------------------------------------------------------------
     @property
-    def frozen(self) -> list[bool]:
-        """The active block's prompt positions."""
-        return [self.lo + i < self.P for i in range(self.bs)]
-
-    @property
     def allowed_row(self) -> int | None:
         """The active block's position that `first_allowed` constrains, if it is in this block."""
         if self.settings.first_allowed is not None and self.lo <= self.P < self.hi:

@@ -34,7 +34,7 @@ if numba is None and backend.current().cpu:  # pragma: no cover - found but brok
 
 def enabled(x: torch.Tensor) -> bool:
     """Whether the CPU kernels run for activations x: float32 on the CPU, no autograd recording, and the
-    backend's CPU kernels on (kernels/kernel_backend.py: decided once per process)."""
+    backend's CPU kernels on (llada_lsp/kernel_backend.py: decided once per process)."""
     return (
         backend.current().cpu
         and x.dtype is torch.float32

@@ -29,9 +29,10 @@ class CheckpointTokenizer:
 
     def __init__(self, backend: Any, special: dict[str, str], extra: list[str]):
         self.backend = backend  # tokenizers.Tokenizer: special tokens' texts become their ids
-        # The same tokenizer with `encode_special_tokens` set, made on first use: a flag switched on one
-        # shared tokenizer for each call would be seen by another thread's encoding meanwhile.
-        self._literal: Any = None
+        # The same tokenizer with `encode_special_tokens` set (20 ms at load): a flag switched on one shared
+        # tokenizer for each call would be seen by another thread's encoding meanwhile.
+        self.literal = type(backend).from_str(backend.to_str())
+        self.literal.encode_special_tokens = True
         self.special_tokens = special  # "eos_token" -> "<|endoftext|>", as tokenizer_config.json names them
         self.all_special_tokens = list(dict.fromkeys([*special.values(), *extra]))  # unique, as transformers
         self.all_special_ids = [self.convert_tokens_to_ids(t) for t in self.all_special_tokens]
@@ -44,16 +45,9 @@ class CheckpointTokenizer:
         """{"input_ids": ids} for one text, or a list of them for a list of texts. `split_special_tokens`:
         a special token's text in `text` is encoded as text, never as the special id."""
         texts = [text] if isinstance(text, str) else list(text)
-        backend = self._literal_backend() if split_special_tokens else self.backend
+        backend = self.literal if split_special_tokens else self.backend
         ids = [e.ids for e in backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
         return {"input_ids": ids[0] if isinstance(text, str) else ids}
-
-    def _literal_backend(self) -> Any:
-        if self._literal is None:  # (two threads may both make one: either is right)
-            literal = type(self.backend).from_str(self.backend.to_str())
-            literal.encode_special_tokens = True
-            self._literal = literal
-        return self._literal
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False,
                clean_up_tokenization_spaces: bool = False) -> str:  # fmt: skip

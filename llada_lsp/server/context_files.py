@@ -27,9 +27,7 @@ from ..completion.snippets import MAX_SNIPPET_CHARS, Snippet, line_span
 from ..completion.syntax import is_python
 from .documents import Document
 from .uris import path_of
-from .workspace_files import FRESH_SECONDS, MAX_FILE_BYTES, MAX_IMPORT_NAMES, MAX_IMPORTED, WorkspaceFiles, refused_root
-
-__all__ = ["MAX_FILE_BYTES", "MAX_IMPORTED", "PAUSE_SECONDS", "ContextFiles", "Gathered", "path_of"]
+from .workspace_files import FRESH_SECONDS, MAX_IMPORT_NAMES, WorkspaceFiles, refused_root
 
 logger = logging.getLogger(__name__)
 
@@ -189,11 +187,15 @@ class ContextFiles:
                 texts[path] = text
         return Gathered(key, imported, texts, frozenset(allowed), real, self.clock())
 
+    def _fresh(self, uri: str, key) -> Gathered | None:
+        """The last answer for `uri` where it answered the same question within FRESH_SECONDS."""
+        known = self._gathered.get(uri)
+        return known if known is not None and known.key == key and self.clock() - known.at < FRESH_SECONDS else None
+
     def gather_now(self, doc: Document, documents: Iterable[Document]) -> Gathered:
         """`gather` without a worker, in the caller's thread (tools and tests without an event loop)."""
         key = self._key(doc, documents)
-        known = self._gathered.get(doc.uri)
-        if known is not None and known.key == key and self.clock() - known.at < FRESH_SECONDS:
+        if (known := self._fresh(doc.uri, key)) is not None:
             return known
         try:
             found = self._work(key)
@@ -209,8 +211,7 @@ class ContextFiles:
         past it, the last answer for `doc` (or nothing) is used and the worker's answer, when it
         comes, serves the next choice. The same question within FRESH_SECONDS is not asked again."""
         key = self._key(doc, documents)
-        known = self._gathered.get(doc.uri)
-        if known is not None and known.key == key and self.clock() - known.at < FRESH_SECONDS:
+        if (known := self._fresh(doc.uri, key)) is not None:
             return known
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="llada-context")

@@ -59,8 +59,8 @@ class CrossFile:
             found = await self.files.gather(doc, documents)
             if doc.text != text:  # typed in while the disk was read: the choice is made on the text as it is now
                 documents = self.documents.all()
-            chosen = self.files.choose_now(doc, offset if doc.text == text else min(offset, len(doc.text)),
-                                           documents, self.documents.history, budget, found)  # fmt: skip
+            chosen = self.files.choose_now(doc, min(offset, len(doc.text)), documents, self.documents.history,
+                                           budget, found)  # fmt: skip
         if chosen != before:
             line = doc.text.count("\n", 0, offset) + 1
             paths = ", ".join(f"{x.path}:{x.line + 1}-{x.line + len(x.text.splitlines())}" for x in chosen) or "none"

@@ -45,7 +45,7 @@ async def initialize(ls: LladaServer, params: types.InitializeParams) -> None:
 async def initialized(ls: LladaServer, params: types.InitializedParams) -> None:
     ls.flush_told()
     ls.background(ls.watch_status())
-    await ls.loading.show(lambda: ls.status()["state"])
+    await ls.loading.show()
 
 
 def context_chunk(ls: LladaServer, params: Any) -> None:
@@ -64,7 +64,7 @@ def did_change_workspace_folders(ls: LladaServer, params: types.DidChangeWorkspa
 
 def did_change_configuration(ls: LladaServer, params: types.DidChangeConfigurationParams) -> None:
     if ls.configure(settings_section(params.settings)):
-        ls.background(ls.loading.show(lambda: ls.status()["state"]))
+        ls.background(ls.loading.show())
 
 
 @dataclass(frozen=True)

@@ -121,13 +121,10 @@ def _end_of_word(ls: LladaServer, doc: Document, offset: int, text: str) -> type
     word's end, since inserting at the cursor would leave the word's rest behind the completion
     (`return sum(values)turn`). The edit then replaces the rest, so the completion must keep it, at
     its start (`turn sum(values)`) or at its end: else None, and nothing is offered."""
-    end = offset
-    while end < len(doc.text) and (doc.text[end].isalnum() or doc.text[end] == "_"):
-        end += 1
-    rest = doc.text[offset:end]
+    rest = word_after(doc.text, offset)
     if rest and not (text.startswith(rest) or text.endswith(rest)):
         return None
-    return types.Position(*doc.position(end, ls.encoding))
+    return types.Position(*doc.position(offset + len(rest), ls.encoding))
 
 
 async def complete(ls: LladaServer, doc: Document, offset: int, at: types.Position, method: str) -> str:

@@ -77,7 +77,7 @@ class LladaServer(LanguageServer):
         self.drafts = False  # the client opted in to llada/draft notifications
         self.ale = False  # the client is Vim's ALE, which cuts completion items at `(` (server/ale.py)
         self.shutdown_requested = False
-        self.loading = LoadProgress(self, self.log)
+        self.loading = LoadProgress(self, self.log, lambda: self.status()["state"])
         self._tasks: set[asyncio.Task] = set()
         self._pushed: tuple | None = None  # (engine, model, state) last sent as llada/status
         self.inline_waiting: dict[str, Any] = {}  # uri -> id of the latest inline request waiting for the load

@@ -17,8 +17,9 @@ from ..runtime.worker import Ticket
 
 
 class LoadProgress:
-    def __init__(self, server: LanguageServer, log: Callable[[str], None]):
+    def __init__(self, server: LanguageServer, log: Callable[[str], None], state: Callable[[], str]):
         self.server, self.log = server, log
+        self.state = state  # how a load ended, as the status says it (the progress' end message)
         self.ticket: Ticket | None = None  # the load under way (or done)
         self.message = "starting"  # its last report
         self._token: str | None = None
@@ -30,7 +31,7 @@ class LoadProgress:
             report = types.WorkDoneProgressReport(message=message, percentage=percent)
             self.server.work_done_progress.report(self._token, report)
 
-    async def show(self, state: Callable[[], str]) -> None:
+    async def show(self) -> None:
         """$/progress while the load runs; `state()` names how it ended (the progress' end message)."""
         ticket, server = self.ticket, self.server
         window = server.client_capabilities.window
@@ -47,4 +48,4 @@ class LoadProgress:
         server.work_done_progress.begin(token, begin)
         await asyncio.wait([asyncio.wrap_future(ticket.future)])
         self._token = None
-        server.work_done_progress.end(token, types.WorkDoneProgressEnd(message=state()))
+        server.work_done_progress.end(token, types.WorkDoneProgressEnd(message=self.state()))

@@ -22,8 +22,9 @@ from llada_lsp.completion.python_names import python_imports
 from llada_lsp.completion.ranking import choose, windows
 from llada_lsp.completion.snippets import Snippet, render_snippets
 from llada_lsp.model import EMBEDDED_MODEL, load_tokenizer
-from llada_lsp.server.context_files import MAX_FILE_BYTES, PAUSE_SECONDS, ContextFiles
+from llada_lsp.server.context_files import PAUSE_SECONDS, ContextFiles
 from llada_lsp.server.documents import Document
+from llada_lsp.server.workspace_files import MAX_FILE_BYTES
 
 GEOMETRY = "def rectangle_area(width, height):\n    return width * height\n\n\ndef triangle_area(base, height):\n" \
            "    return base * height / 2\n"  # fmt: skip
