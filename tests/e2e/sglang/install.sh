@@ -30,15 +30,7 @@ if [ -f "$VENV/.complete" ] && [ -x "$VENV/bin/python" ]; then
 fi
 command -v "$PYTHON" >/dev/null 2>&1 || { echo "install.sh: $PYTHON not found" >&2; exit 1; }
 
-retry() {
-  local try
-  for try in 1 2 3; do
-    "$@" && return 0
-    echo "install.sh: try $try of 3 failed: $*" >&2
-    sleep $((try * 5))
-  done
-  return 1
-}
+. "$HERE/../retry.sh"
 
 rm -rf "$VENV"
 mkdir -p "$HOME_DIR"

@@ -10,19 +10,12 @@ set -euo pipefail
 NODE_VERSION=24.22.3
 CODE_SERVER_VERSION=4.139.1
 PLAYWRIGHT_VERSION=1.65.2
+HERE="$(cd "$(dirname "$0")" && pwd)"
 TOOLS="${LLADA_E2E_TOOLS:-$HOME/.cache/llada-lsp-e2e}"
 mkdir -p "$TOOLS"
 cd "$TOOLS"
 # A registry can fail a download now and then: each download gets three tries.
-retry() {
-  local try
-  for try in 1 2 3; do
-    "$@" && return 0
-    echo "install.sh: try $try of 3 failed: $*" >&2
-    sleep $((try * 5))
-  done
-  return 1
-}
+. "$HERE/../retry.sh"
 
 # Debian packages: the native modules' toolchain, and the browser.
 missing=()
