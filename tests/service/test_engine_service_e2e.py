@@ -64,10 +64,13 @@ class Front:
     async def start(self) -> None:
         engine = f"unix:{self.socket}"
         flags = [] if self.by_setting else ["--engine", engine]  # the setting, or the command line's flag
+        await self.launch(flags, {"engine": engine} if self.by_setting else None)
+
+    async def launch(self, flags: list[str], options: dict | None) -> None:
+        """`llada-lsp FLAGS` over stdio, initialized with drafts, applied edits and `options`."""
         await self.client.start_io(sys.executable, "-m", "llada_lsp", *flags)
         capabilities = t.ClientCapabilities(experimental={"lladaDrafts": True},
                                             workspace=t.WorkspaceClientCapabilities(apply_edit=True))  # fmt: skip
-        options = {"engine": engine} if self.by_setting else None
         await self.client.initialize_async(
             t.InitializeParams(capabilities=capabilities, initialization_options=options)
         )

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 from lsprotocol import types as t
-from pygls.lsp.client import LanguageClient
 from sglang_harness import Server, make_checkpoint, sglang_python, start_server
+from test_engine_service_e2e import Front as ServiceFront
 
 from llada_lsp import wire
 from llada_lsp.service.client import EngineClient, EngineFailure
@@ -199,30 +199,15 @@ async def test_drafts_are_one_per_finished_block_and_never_empty(cluster, mode):
     assert blocks and f"{done.step} blocks in" in blocks[-1], blocks[-3:]
 
 
-class Front:
-    """An editor's `llada-lsp` front over stdio on the service: drafts, edits, messages."""
+class Front(ServiceFront):
+    """An editor's `llada-lsp` front over stdio on the service, in one inline mode."""
 
     def __init__(self, cluster: Cluster, mode: str):
+        super().__init__(cluster.address)
         self.cluster, self.mode = cluster, mode
-        self.client = LanguageClient("sglang-e2e", "1")
-        self.drafts: list = []
-        self.edits: list = []
-        self.client.feature("llada/draft")(lambda params: self.drafts.append(params))
-        self.client.feature(t.WORKSPACE_APPLY_EDIT)(lambda params: self._apply(params))
-
-    def _apply(self, params):
-        self.edits.append(params)
-        return t.ApplyWorkspaceEditResult(applied=True)
 
     async def start(self) -> Front:
-        await self.client.start_io(sys.executable, "-m", "llada_lsp", "--engine", self.cluster.address)
-        capabilities = t.ClientCapabilities(experimental={"lladaDrafts": True},
-                                            workspace=t.WorkspaceClientCapabilities(apply_edit=True))  # fmt: skip
-        options = {"inlineMode": self.mode}
-        await self.client.initialize_async(
-            t.InitializeParams(capabilities=capabilities, initialization_options=options)
-        )
-        self.client.initialized(t.InitializedParams())
+        await self.launch(["--engine", self.cluster.address], {"inlineMode": self.mode})
         return self
 
     def open(self, name: str, text: str) -> str:
@@ -237,11 +222,6 @@ class Front:
 
     async def status(self) -> dict:
         return await self.client.workspace_execute_command_async(t.ExecuteCommandParams("llada.status"))
-
-    async def stop(self) -> None:
-        await asyncio.wait_for(self.client.shutdown_async(None), 30)
-        self.client.exit(None)
-        await self.client.stop()
 
 
 SOURCE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\nprint(add(1, 2))\n"
